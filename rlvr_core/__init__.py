@@ -1,0 +1,4 @@
+"""Task, verifier, model and generation code shared by both parties.
+
+Both target_owner_node and trainer_node import this package; neither imports the other.
+"""

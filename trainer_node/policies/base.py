@@ -1,0 +1,212 @@
+"""The data-policy seam: which source prompts get rollouts, how many, and which groups train.
+
+One GRPO step drives a policy like this (trainer_node/grpo/trainer.py):
+
+    so_far = StepRollouts()
+    while requests := policy.next_requests(step, so_far):   # one or more generation rounds
+        so_far.add(rollout(requests))
+    batch = policy.training_groups(step, so_far)            # filtering / reuse
+    policy.observe(step, so_far.groups)                     # every group, filtered ones too
+    policy.before_update(step, batch, feedback)             # target feedback (L2RR), may be None
+    update(batch)
+
+To add a policy: write one module in this package with a DataPolicy subclass, give it a
+unique `name`, and decorate it with @register_policy. Every registered policy runs through
+tests/trainer_node/test_policy_contract.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from rlvr_core.tasks.example import Example
+
+
+@dataclass(frozen=True)
+class SourcePool:
+    """The trainer's source prompts, with a cluster id per prompt (domain tag by default)."""
+
+    examples: tuple[Example, ...]
+    clusters: tuple[str, ...]  # len == len(examples)
+
+    def __post_init__(self) -> None:
+        if len(self.examples) != len(self.clusters):
+            raise ValueError("SourcePool: examples and clusters must have the same length")
+
+    @property
+    def cluster_names(self) -> list[str]:
+        return sorted(set(self.clusters))
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    index: int          # into SourcePool.examples
+    num_rollouts: int
+
+
+@dataclass
+class Rollout:
+    text: str
+    reward: float
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    reused: bool = False  # True for a response replayed from an earlier step (AR3PO)
+
+
+@dataclass
+class Group:
+    """All rollouts of one prompt within one step."""
+
+    index: int
+    cluster: str
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.array([r.reward for r in self.rollouts], dtype=np.float64)
+
+    @property
+    def mean_reward(self) -> float:
+        return float(self.rewards.mean()) if self.rollouts else 0.0
+
+    @property
+    def zero_variance(self) -> bool:
+        """True when every rollout got the same reward: the group carries no GRPO signal."""
+        rewards = self.rewards
+        return len(rewards) < 2 or bool(np.all(rewards == rewards[0]))
+
+    @property
+    def generated(self) -> int:
+        return sum(1 for r in self.rollouts if not r.reused)
+
+
+@dataclass
+class StepRollouts:
+    """Groups generated so far in one step, merged by prompt index across rounds."""
+
+    groups: list[Group] = field(default_factory=list)
+    rounds: int = 0
+
+    def add(self, new_groups: Sequence[Group]) -> None:
+        by_index = {g.index: g for g in self.groups}
+        for group in new_groups:
+            if group.index in by_index:
+                by_index[group.index].rollouts.extend(group.rollouts)
+            else:
+                self.groups.append(group)
+                by_index[group.index] = group
+        self.rounds += 1
+
+    @property
+    def rollouts_generated(self) -> int:
+        return sum(g.generated for g in self.groups)
+
+
+class FeedbackContext(Protocol):
+    """What the trainer offers a policy that learns from the target owner.
+
+    `candidates` builds one-step lookahead models: for each weight vector (one weight per
+    group of `batch`, 0 drops a group) it applies one update from the current parameters
+    with the group-weighted loss, and returns opaque handles. `evaluate` sends the base
+    model plus candidates to the owner in ONE multi-candidate query (same secret
+    subsample, same decoding seed) and returns released accuracies: [base, *candidates].
+    It returns None when the owner is unreachable or the budget is exhausted; the policy
+    must then keep its last state.
+    """
+
+    def candidates(self, batch: Sequence[Group], weights: Sequence[Sequence[float]]) -> list[Any]: ...
+
+    def evaluate(self, candidates: Sequence[Any]) -> list[float] | None: ...
+
+    def should_query(self, step: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Batch shape shared by every policy; per-policy options come as a dict."""
+
+    batch_size: int = 16             # prompts per training batch (B)
+    rollouts_per_prompt: int = 8     # n
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class DataPolicy(ABC):
+    name: ClassVar[str] = ""
+    uses_target_feedback: ClassVar[bool] = False
+
+    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
+        self.pool = pool
+        self.settings = settings
+        self.rng = rng
+
+    @abstractmethod
+    def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
+        """Prompts to roll out next within this step; [] ends the step's generation."""
+
+    def training_groups(self, step: int, so_far: StepRollouts) -> list[Group]:
+        """Groups to train on. Default: all of them."""
+        return list(so_far.groups)
+
+    def observe(self, step: int, groups: Sequence[Group]) -> None:
+        """Every group generated this step, including ones filtered out of training."""
+
+    def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
+        """Called with the training batch before the optimizer step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state for checkpoint/resume (the rng is saved by the trainer)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars logged each step (e.g. q per cluster as `q/<cluster>`)."""
+        return {}
+
+
+_REGISTRY: dict[str, type[DataPolicy]] = {}
+
+
+def register_policy(cls: type[DataPolicy]) -> type[DataPolicy]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} must set a non-empty `name`")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"data policy {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    _import_all()
+    return sorted(_REGISTRY)
+
+
+def build_policy(name: str, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator) -> DataPolicy:
+    """Create a registered policy by name. Known names: see policy_names()."""
+    _import_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](pool, settings, rng)
+
+
+def _import_all() -> None:
+    import importlib
+    import pkgutil
+
+    import trainer_node.policies as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name != "base":
+            importlib.import_module(f"trainer_node.policies.{mod.name}")
+
+
+RewardFn = Callable[[str, Example], float]
