@@ -1,0 +1,211 @@
+"""A gRPC client for a target owner: mTLS, a deadline on every call, and retries only where
+they are safe.
+
+Retry policy (protocol/errors.py is the contract):
+- UNAVAILABLE is retried with exponential backoff and jitter. Evaluate carries an
+  idempotency key (request_id), so a retried release is never charged twice.
+- RESOURCE_EXHAUSTED (e.g. PRIVACY_BUDGET_EXHAUSTED) is never retried: it raises
+  BudgetExhausted at once.
+- Everything else raises FeedbackError with the server's reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+
+from protocol import errors
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
+from protocol.validation import MAX_CHUNK_BYTES, is_allowed_file_name
+
+log = logging.getLogger("trainer_node.feedback")
+T = TypeVar("T")
+
+
+class FeedbackError(RuntimeError):
+    """A feedback call failed for good. `reason` is the server's ErrorInfo reason, if any."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class BudgetExhausted(FeedbackError):
+    """The owner refused a release because a privacy budget is spent. Never retry."""
+
+
+class OwnerUnavailable(FeedbackError):
+    """The owner could not be reached after all retries."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    target: str                      # host:port
+    ca_cert: Path | None = None      # the owner's CA (None only with insecure=True)
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    server_name: str | None = None   # TLS name override when the address is an IP not in the cert
+    insecure: bool = False           # plaintext, loopback-only test setups
+    deadline_s: float = 30.0         # unary calls
+    evaluate_deadline_s: float = 600.0
+    upload_deadline_s: float = 600.0
+    max_attempts: int = 5
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 8.0
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class TargetFeedbackClient:
+    """One connection to one target owner."""
+
+    def __init__(self, settings: ClientSettings, sleep: Callable[[float], None] = time.sleep):
+        self.settings = settings
+        self._sleep = sleep
+        self._channel = self._open_channel(settings)
+        self._stub = pb_grpc.TargetFeedbackServiceStub(self._channel)
+        # sha256 of files the owner is known to hold: they are not resent (content addressing).
+        self._owner_holds: set[str] = set()
+        self._digest_cache: dict[tuple[str, int, float], str] = {}
+
+    @staticmethod
+    def _open_channel(s: ClientSettings) -> grpc.Channel:
+        options = [
+            ("grpc.max_send_message_length", 4 * MAX_CHUNK_BYTES),
+            ("grpc.max_receive_message_length", 4 * MAX_CHUNK_BYTES),
+        ]
+        if s.insecure:
+            return grpc.insecure_channel(s.target, options=options)
+        if s.ca_cert is None:
+            raise ValueError("ClientSettings.ca_cert: the owner's CA certificate is required for TLS")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=Path(s.ca_cert).read_bytes(),
+            private_key=Path(s.client_key).read_bytes() if s.client_key else None,
+            certificate_chain=Path(s.client_cert).read_bytes() if s.client_cert else None,
+        )
+        if s.server_name:
+            options.append(("grpc.ssl_target_name_override", s.server_name))
+        return grpc.secure_channel(s.target, credentials, options=options)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> TargetFeedbackClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- RPCs -------------------------------------------------------------------------
+
+    def info(self) -> pb.GetInfoResponse:
+        return self._with_retries("GetInfo", lambda: self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.settings.deadline_s))
+
+    def budget(self) -> pb.GetBudgetResponse:
+        return self._with_retries(
+            "GetBudget", lambda: self._stub.GetBudget(pb.GetBudgetRequest(), timeout=self.settings.deadline_s)
+        )
+
+    def evaluate(
+        self,
+        checkpoint_ids: list[str],
+        decoding: pb.DecodingSettings,
+        split: int = pb.SPLIT_FEEDBACK,
+        request_id: str | None = None,
+    ) -> pb.EvaluateResponse:
+        request = pb.EvaluateRequest(
+            checkpoint_ids=checkpoint_ids, decoding=decoding, split=split, request_id=request_id or uuid.uuid4().hex
+        )
+        return self._with_retries(
+            "Evaluate", lambda: self._stub.Evaluate(request, timeout=self.settings.evaluate_deadline_s)
+        )
+
+    def upload(self, model_dir: Path) -> str:
+        """Upload a checkpoint directory; returns the owner's checkpoint id.
+
+        Files whose sha256 the owner already holds are listed in the manifest but not
+        resent. If the owner lost them (MISSING_FILE_DATA), the upload is repeated in full.
+        """
+        files = self._manifest(Path(model_dir))
+        try:
+            response = self._upload_once(Path(model_dir), files, skip=self._owner_holds)
+        except FeedbackError as err:
+            if err.reason != errors.MISSING_FILE_DATA:
+                raise
+            self._owner_holds.clear()
+            response = self._upload_once(Path(model_dir), files, skip=set())
+        self._owner_holds.update(entry.sha256 for entry in files)
+        return response.checkpoint_id
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _manifest(self, model_dir: Path) -> list[pb.FileEntry]:
+        entries = []
+        for path in sorted(model_dir.iterdir()):
+            if not path.is_file():
+                continue
+            if not is_allowed_file_name(path.name):
+                raise FeedbackError(f"{path}: not an allowed checkpoint file; only safetensors and config JSON are sent")
+            stat = path.stat()
+            key = (str(path), stat.st_size, stat.st_mtime)
+            if key not in self._digest_cache:
+                self._digest_cache[key] = sha256_file(path)
+            entries.append(pb.FileEntry(name=path.name, size=stat.st_size, sha256=self._digest_cache[key]))
+        if not entries:
+            raise FeedbackError(f"{model_dir}: no checkpoint files to upload")
+        return entries
+
+    def _upload_once(self, model_dir: Path, files: list[pb.FileEntry], skip: set[str]) -> pb.UploadCheckpointResponse:
+        def requests() -> Iterator[pb.UploadCheckpointRequest]:
+            yield pb.UploadCheckpointRequest(manifest=pb.CheckpointManifest(files=files))
+            for entry in files:
+                if entry.sha256 in skip:
+                    continue
+                with open(model_dir / entry.name, "rb") as fh:
+                    offset = 0
+                    while block := fh.read(MAX_CHUNK_BYTES):
+                        yield pb.UploadCheckpointRequest(chunk=pb.FileChunk(name=entry.name, offset=offset, data=block))
+                        offset += len(block)
+
+        return self._with_retries(
+            "UploadCheckpoint",
+            lambda: self._stub.UploadCheckpoint(requests(), timeout=self.settings.upload_deadline_s),
+        )
+
+    def _with_retries(self, name: str, call: Callable[[], T]) -> T:
+        delay = self.settings.backoff_initial_s
+        for attempt in range(1, self.settings.max_attempts + 1):
+            try:
+                result = call()
+                log.debug("feedback call ok", extra={"rpc": name, "attempt": attempt})
+                return result
+            except grpc.RpcError as err:
+                code, reason = err.code(), errors.reason_of(err)
+                detail = f"{name} failed: {code.name}" + (f" {reason}" if reason else "") + f": {err.details()}"
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise BudgetExhausted(detail, code, reason) from None
+                if code != grpc.StatusCode.UNAVAILABLE:
+                    raise FeedbackError(detail, code, reason) from None
+                if attempt == self.settings.max_attempts:
+                    raise OwnerUnavailable(f"{detail} (after {attempt} attempts)", code, reason) from None
+                log.warning("owner unavailable; retrying", extra={"rpc": name, "attempt": attempt, "sleep_s": delay})
+                self._sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, self.settings.backoff_max_s)
+        raise AssertionError("unreachable")
