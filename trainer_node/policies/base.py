@@ -17,10 +17,13 @@ tests/trainer_node/test_policy_contract.py.
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -210,3 +213,78 @@ def _import_all() -> None:
 
 
 RewardFn = Callable[[str, Example], float]
+
+
+# --- small helpers shared by several policies ----------------------------------------------
+
+
+def informative_groups(groups: Sequence[Group]) -> list[Group]:
+    """Groups with non-zero reward variance, in order: the only ones with a GRPO gradient."""
+    return [g for g in groups if not g.zero_variance]
+
+
+def sample_fresh_uniform(
+    rng: np.random.Generator, pool_size: int, count: int, exclude: set[int]
+) -> list[int]:
+    """Up to `count` distinct prompt indices drawn uniformly from those not in `exclude`.
+
+    Policies that roll out several rounds per step exclude the prompts already rolled out
+    this step: a repeated index would be merged into the existing group (StepRollouts.add).
+    """
+    eligible = np.arange(pool_size)
+    if exclude:
+        eligible = np.setdiff1d(eligible, np.fromiter(exclude, dtype=np.int64))
+    count = min(count, len(eligible))
+    if count == 0:
+        return []
+    return [int(i) for i in rng.choice(eligible, size=count, replace=False)]
+
+
+# --- option parsing shared by every policy ------------------------------------------------
+
+OptionsT = TypeVar("OptionsT")
+
+
+def parse_options(policy: str, options_type: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
+    """Build a policy's typed options dataclass from `PolicySettings.options`.
+
+    Validated once, at the edge: an unknown key raises ValueError naming it and listing the
+    valid keys, and a value of the wrong type raises ValueError naming the key. Range checks
+    belong in the options dataclass's __post_init__. bool is never accepted for an int/float
+    option (a TOML typo like `eta_q = true` must not become 1.0), and ints are widened to float.
+    """
+    fields = {f.name: f for f in dataclasses.fields(options_type)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(options_type)
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(
+                f"{policy}: unknown option {key!r}; valid options: {', '.join(sorted(fields)) or '(none)'}"
+            )
+        values[key] = _coerce_option(policy, key, value, hints[key])
+    return options_type(**values)
+
+
+def _coerce_option(policy: str, key: str, value: Any, expected: Any) -> Any:
+    allowed = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
+    for kind in allowed:
+        if kind is type(None) and value is None:
+            return None
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is str and isinstance(value, str):
+            return value
+        if typing.get_origin(kind) is dict and isinstance(value, Mapping):
+            return dict(value)
+    names = " | ".join(getattr(k, "__name__", str(k)) for k in allowed)
+    raise ValueError(f"{policy}: option {key!r} must be {names}, got {type(value).__name__} {value!r}")
+
+
+def require(condition: bool, policy: str, key: str, message: str) -> None:
+    """Raise the standard option error (naming the policy and key) unless `condition` holds."""
+    if not condition:
+        raise ValueError(f"{policy}: option {key!r} {message}")

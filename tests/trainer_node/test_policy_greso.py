@@ -1,0 +1,126 @@
+"""GRESO: skip probabilities, exploration-probability updates, adaptive sampling batch size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.trainer_node.test_policy_fakes import FakeOracle, make_pool, rollouts_for, run_step
+from trainer_node.policies.base import Group, PolicySettings, StepRollouts, build_policy
+from trainer_node.policies.greso import adaptive_batch_size, skip_probability, step_probability
+
+
+def greso(pool, batch_size=8, n=4, seed=0, **options):
+    return build_policy("greso", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+
+
+def group(pool, index, rewards):
+    return Group(index, pool.clusters[index], rollouts_for(index, rewards))
+
+
+@pytest.mark.parametrize(
+    ("easy", "hard", "p_easy", "p_hard", "expected"),
+    [
+        (0, 0, 0.5, 0.5, 0.0),  # no history / last entry mixed: never skipped
+        (1, 0, 0.5, 0.5, 0.5),  # 1 - 0.5
+        (3, 0, 0.5, 0.5, 0.875),  # 1 - 0.5^3
+        (10, 0, 0.5, 0.5, 0.99),  # 0.5^10 < 0.01 floor
+        (0, 2, 0.5, 0.8, 1 - 0.64),  # hard uses p_hard: 1 - 0.8^2
+        (0, 1, 0.3, 0.9, 1 - 0.9),
+    ],
+)
+def test_skip_probability(easy, hard, p_easy, p_hard, expected):
+    assert skip_probability(easy, hard, p_easy, p_hard, 0.01) == pytest.approx(expected)
+
+
+def test_history_streaks_follow_the_most_recent_run():
+    pool = make_pool(per_cluster=2)
+    policy = greso(pool)
+    # prompt 0: easy, easy, mixed, easy, easy -> trailing easy run z = 2
+    for rewards in ([1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]):
+        policy.observe(0, [group(pool, 0, rewards)])
+    # prompt 1: hard three times -> z = 3 with p_hard
+    for _ in range(3):
+        policy.observe(0, [group(pool, 1, [0, 0, 0, 0])])
+    # prompt 2: hard then easy -> easy run of 1
+    policy.observe(0, [group(pool, 2, [0.1, 0.1, 0.1, 0.1])])  # mean 0.1 <= 0.11: hard
+    policy.observe(0, [group(pool, 2, [1, 1, 0.98, 1])])  # mean 0.995 >= 0.98: easy
+    probs = policy.skip_probabilities(np.array([0, 1, 2, 3]))
+    assert probs[0] == pytest.approx(1 - max(policy.p_easy**2, 0.01))
+    assert probs[1] == pytest.approx(1 - max(policy.p_hard**3, 0.01))
+    assert probs[2] == pytest.approx(1 - max(policy.p_easy, 0.01))
+    assert probs[3] == 0.0
+    assert (policy.easy_streak[:3].tolist(), policy.hard_streak[:3].tolist()) == ([2, 0, 1], [0, 3, 0])
+
+
+def test_exploration_probabilities_move_toward_targets():
+    # alpha = 0.25: easy target 1/12, hard target 1/6.
+    # too many easy prompts: skip more (smaller keep base); too few: skip less
+    assert step_probability(0.5, 0.10, 0.25 / 3, 0.01, 0.05, 0.95) == pytest.approx(0.49)
+    assert step_probability(0.5, 0.05, 0.25 / 3, 0.01, 0.05, 0.95) == pytest.approx(0.51)
+    assert step_probability(0.05, 1.0, 0.1, 0.01, 0.05, 0.95) == 0.05  # clipped at p_min
+    assert step_probability(0.95, 0.0, 0.1, 0.01, 0.05, 0.95) == 0.95  # clipped at p_max
+
+    pool = make_pool(per_cluster=3)  # 12 prompts
+    policy = greso(pool)
+    groups = [group(pool, i, [1, 1, 1, 1]) for i in range(3)]  # 3/12 easy >= 1/12
+    groups += [group(pool, 3, [0, 0, 0, 0])]  # 1/12 hard < 1/6
+    groups += [group(pool, i, [1, 0, 1, 0]) for i in range(4, 12)]
+    policy.observe(0, groups)
+    assert (policy.p_easy, policy.p_hard) == (pytest.approx(0.49), pytest.approx(0.51))
+    assert policy.metrics()["easy_frac"] == 0.25
+
+
+def test_adaptive_batch_size_formula():
+    assert adaptive_batch_size(target=16, have=6, zero_var_ratio=0.5, margin=1.25) == 25  # int(10/0.5*1.25)
+    assert adaptive_batch_size(target=16, have=12, zero_var_ratio=0.75, margin=1.25) == 20
+    assert adaptive_batch_size(target=16, have=15, zero_var_ratio=0.0, margin=1.25) == 1
+    assert adaptive_batch_size(target=16, have=0, zero_var_ratio=1.0, margin=1.25) > 10**6  # capped by caller
+
+
+def test_rounds_use_adaptive_size_then_stop_after_last_round():
+    pool = make_pool(per_cluster=25)  # 100 prompts; B = 8 -> sampling 12, min 2
+    rates = np.where(np.arange(100) % 3 == 0, 0.5, 0.0)
+    oracle = FakeOracle(pool, rates=rates, seed=4)
+    policy = greso(pool, batch_size=8, n=16, max_num_gen_batches=20)
+    assert (policy.sampling_batch_size, policy.min_sampling_batch_size) == (12, 2)
+
+    so_far = StepRollouts()
+    first = policy.next_requests(0, so_far)
+    assert len(first) == 12  # no history yet: nothing skipped
+    so_far.add(oracle(first, 0))
+    last_size, last_round, rounds = 12, False, 1
+    while True:
+        have = sum(not g.zero_variance for g in so_far.groups)
+        this_round = so_far.groups[-last_size:]
+        rho = sum(g.zero_variance for g in this_round) / len(this_round)
+        requests = policy.next_requests(0, so_far)
+        if have >= 8 or last_round:
+            assert requests == []
+            break
+        estimate = int((8 - have) / max(1 - rho, 1e-9) * 1.25)
+        assert len(requests) == max(min(estimate, 12), 2)
+        last_round = estimate <= 12
+        last_size = len(requests)
+        so_far.add(oracle(requests, 0))
+        rounds += 1
+    assert rounds >= 2, "the scenario must exercise at least one adaptive round"
+    batch = policy.training_groups(0, so_far)
+    assert len(batch) == min(8, sum(not g.zero_variance for g in so_far.groups))
+
+
+def test_skipped_prompts_are_not_rolled_out():
+    pool = make_pool(per_cluster=25)
+    policy = greso(pool, batch_size=8)
+    policy.easy_streak[:50] = 30  # keep probability 1% (the floor)
+    requests = policy.next_requests(0, StepRollouts())
+    assert len(requests) == 12
+    assert sum(r.index < 50 for r in requests) <= 2
+    assert policy.metrics()["p_easy"] == 0.5
+
+
+def test_full_step_trains_on_informative_groups_only():
+    pool = make_pool(per_cluster=25)
+    policy = greso(pool, batch_size=8, n=8)
+    record = run_step(policy, 0, FakeOracle(pool, seed=9))
+    assert all(not g.zero_variance for g in record.batch) and len(record.batch) <= 8

@@ -1,0 +1,328 @@
+"""L2RR: waste counter, predicted waste, allocation, q updates, learning from feedback, ablations."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from tests.trainer_node.test_policy_fakes import (
+    CLUSTERS,
+    FakeFeedback,
+    FakeOracle,
+    make_pool,
+    rollouts_for,
+    run_step,
+)
+from trainer_node.policies.base import Group, PolicySettings, StepRollouts, build_policy
+from trainer_node.policies.l2rr_estimators import (
+    EstimatorSettings,
+    HypergradientEstimate,
+    SpsaEstimator,
+    build_estimator,
+)
+from trainer_node.policies.l2rr_rules import (
+    PromptHistory,
+    allocate_rollouts,
+    mixed_distribution,
+    predicted_waste,
+)
+
+
+def l2rr(pool, batch_size=8, n=8, seed=0, **options):
+    return build_policy("l2rr", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+
+
+def feedback(values, seed=0, **kwargs):
+    return FakeFeedback(lambda g: g.cluster, values, seed=seed, **kwargs)
+
+
+# --- source-side rules ---------------------------------------------------------------------
+
+
+def test_waste_counter_counts_streak_resets_on_informative_and_caps():
+    history = PromptHistory.empty(3)
+    for _ in range(2):
+        history.record(0, 0.0, 8, zero_variance=True, max_waste=3)
+    assert history.waste[0] == 2 and history.times_sampled[0] == 2
+    history.record(0, 0.5, 8, zero_variance=False, max_waste=3)
+    assert history.waste[0] == 0 and history.last_mean[0] == 0.5
+    for _ in range(5):
+        history.record(1, 1.0, 4, zero_variance=True, max_waste=3)
+    assert history.waste[1] == 3 and history.last_count[1] == 4
+
+
+def test_policy_observe_updates_history_and_cluster_waste_metric():
+    pool = make_pool(per_cluster=3)  # algebra 0-2, geometry 3-5, ...
+    policy = l2rr(pool)
+    policy.observe(
+        0, [Group(0, "algebra", rollouts_for(0, [0, 0])), Group(1, "algebra", rollouts_for(1, [0, 1]))]
+    )
+    policy.observe(1, [Group(0, "algebra", rollouts_for(0, [1, 1]))])
+    assert policy.history.waste[:2].tolist() == [2, 0]
+    metrics = policy.metrics()
+    assert metrics["waste/algebra"] == 1.0  # mean over the 2 algebra prompts with history
+    assert metrics["waste/geometry"] == 0.0
+
+
+def test_evidence_and_predicted_waste_by_hand():
+    history = PromptHistory.empty(4)
+    history.record(1, 0.0, 8, True, 18)  # all wrong once
+    history.record(2, 0.0, 8, True, 18)
+    history.record(2, 0.0, 8, True, 18)  # all wrong twice
+    history.record(3, 0.5, 8, False, 18)  # 4 of 8
+    s, f = history.evidence(np.arange(4))
+    assert s.tolist() == [0, 0, 0, 4] and f.tolist() == [0, 8, 16, 4]
+    waste = predicted_waste(s, f, 8)
+    assert waste[0] == pytest.approx(2 / 9)  # Beta(1,1): P(all 8 same) = 2 / (n + 1)
+    all_wrong_once = Fraction(9, 17) + Fraction(math.factorial(8) * math.factorial(9), math.factorial(17))
+    assert waste[1] == pytest.approx(float(all_wrong_once))
+    assert waste[2] > waste[1] > waste[0] > waste[3]
+
+
+@pytest.mark.parametrize(("p", "expected"), [(0.5, 8), (0.1, 3), (1 / 26, 2), (0.8, 6), (0.0, 2), (1.0, 2)])
+def test_rollout_allocation_by_bernoulli_variance(p, expected):
+    # ceil(8 * 4p(1-p)) clipped to [2, 8]: 0.1 -> ceil(2.88) = 3; 0.8 -> ceil(5.12) = 6
+    assert allocate_rollouts(np.array([p]), 8, 2).tolist() == [expected]
+
+
+def test_oversample_keeps_lowest_predicted_waste_and_allocates():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=8, n=8)
+    for i in range(0, 40, 2):  # half the pool: all-wrong three times in a row
+        for _ in range(3):
+            policy.history.record(i, 0.0, 8, True, 18)
+    twin = copy.deepcopy(policy)  # same rng state: draws the same candidates
+    fresh_candidates = sum(int(i) % 2 == 1 for i in twin.draw_candidates(12))
+    requests = policy.next_requests(0, StepRollouts())
+    assert policy.metrics()["candidates"] == 12.0  # ceil(1.5 * 8)
+    assert len(requests) == 8
+    fresh = [r for r in requests if r.index % 2 == 1]
+    assert len(fresh) == min(8, fresh_candidates), "a wasteful prompt is kept only when fresh ones ran out"
+    assert fresh_candidates < 12, "the scenario must make the selection drop something"
+    assert all(r.num_rollouts == 8 for r in fresh)  # unseen prompt: p = 1/2 -> n
+    assert all(r.num_rollouts == 2 for r in requests if r.index % 2 == 0)  # p = 1/26 -> 2
+
+
+def test_selection_prefers_fresh_prompts_over_wasteful_candidates():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=4, n=8, oversample=2.0, waste_penalty=False)  # draw ignores waste
+    wasteful = set(range(0, 40, 2))
+    for i in wasteful:
+        policy.history.record(i, 1.0, 8, True, 18)
+    for step in range(20):
+        candidates = policy.draw_candidates(8)
+        s, f = policy.history.evidence(candidates)
+        risk = predicted_waste(s, f, 8)
+        expected = set(candidates[np.argsort(risk, kind="stable")[:4]].tolist())
+        # the rule, stated directly: nothing dropped has lower predicted waste than anything kept
+        assert max(risk[[c in expected for c in candidates]]) <= min(
+            list(risk[[c not in expected for c in candidates]]) + [1.0]
+        )
+
+
+def test_draw_respects_waste_weights_within_cluster():
+    pool = make_pool(per_cluster=10, clusters=("only",))
+    on = l2rr(pool, batch_size=1, lambda_waste=1.0, max_waste=10)
+    off = l2rr(pool, batch_size=1, lambda_waste=1.0, max_waste=10, waste_penalty=False)
+    for policy in (on, off):
+        policy.history.waste[:5] = 10  # weight exp(-10) relative to 1
+    hits_on = sum(int(on.draw_candidates(1)[0]) < 5 for _ in range(400))
+    hits_off = sum(int(off.draw_candidates(1)[0]) < 5 for _ in range(400))
+    assert hits_on <= 2
+    assert 150 < hits_off < 250
+
+
+def test_rollout_allocation_switch_off_gives_every_prompt_n():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=8, n=8, rollout_allocation=False)
+    for i in range(40):
+        policy.history.record(i, 0.0, 8, True, 18)
+    assert {r.num_rollouts for r in policy.next_requests(0, StepRollouts())} == {8}
+
+
+def test_training_batch_drops_zero_variance_groups():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=8, n=4)
+    record = run_step(policy, 0, FakeOracle(pool, seed=1))
+    assert [g.index for g in record.batch] == [g.index for g in record.so_far.groups if not g.zero_variance]
+    assert policy.metrics()["rollouts_requested"] <= 8 * 4
+
+
+# --- q learning ------------------------------------------------------------------------------
+
+
+def test_q_update_on_hand_computed_hypergradient():
+    pool = make_pool(per_cluster=2, clusters=("a", "b", "c"))
+    policy = l2rr(pool, eta_q=0.1, q_floor=0.05)
+    grad = np.array([0.05, 0.02, -0.01])  # centred: [0.03, 0, -0.03], mean square 0.0006
+    policy.apply_hypergradient(HypergradientEstimate(grad, np.array([True, True, True])))
+    scale = math.sqrt(0.0006)  # first EMA update, bias-corrected: exactly the RMS
+    expected_logits = 0.1 * np.array([0.03, 0.0, -0.03]) / scale
+    assert policy.logits == pytest.approx(expected_logits)
+    z = np.exp(expected_logits)
+    assert policy.q() == pytest.approx(0.95 * z / z.sum() + 0.05 / 3)
+    metrics = policy.metrics()
+    assert metrics["hypergrad/a"] == 0.05 and metrics["q/a"] == pytest.approx(policy.q()[0])
+
+
+def test_q_update_unobserved_cluster_and_waste_penalty():
+    pool = make_pool(per_cluster=2, clusters=("a", "b", "c"))
+    policy = l2rr(pool, eta_q=0.5, lambda_waste=0.25)
+    policy.history.record(0, 0.0, 8, True, 18)
+    policy.history.record(0, 0.0, 8, True, 18)  # cluster a: waste 2 on its one seen prompt
+    grad = np.array([0.0, 0.02, 0.04])
+    policy.apply_hypergradient(HypergradientEstimate(grad, np.array([False, True, True]), gain=0.5))
+    normalised = np.array([0.0, -1.0, 1.0])  # centred over b, c: [-0.01, 0.01] / RMS 0.01
+    penalty = 0.25 * (np.array([2.0, 0, 0]) - 2 / 3)
+    expected = 0.5 * 0.5 * (normalised - penalty)
+    assert policy.logits == pytest.approx(expected - expected.mean())
+
+    off = l2rr(pool, eta_q=0.5, lambda_waste=0.25, waste_penalty=False)
+    off.history = copy.deepcopy(policy.history)
+    off.apply_hypergradient(HypergradientEstimate(grad, np.array([False, True, True]), gain=0.5))
+    assert off.logits == pytest.approx(0.25 * normalised - (0.25 * normalised).mean())
+
+
+def test_mixed_distribution_floor():
+    q = mixed_distribution(np.array([100.0, 0.0, 0.0, 0.0]), 0.05)
+    assert q.sum() == pytest.approx(1.0) and q.min() == pytest.approx(0.05 / 4)
+
+
+@pytest.mark.parametrize("estimator", ["lookahead", "spsa"])
+def test_learns_to_upweight_the_cluster_the_target_rewards(estimator):
+    pool = make_pool(per_cluster=20)
+    oracle = FakeOracle(pool, seed=2, rates=np.full(len(pool), 0.5))
+    policy = l2rr(pool, batch_size=8, n=4, seed=3, estimator=estimator)
+    owner = feedback({"logic": 1.0}, seed=4, lr=0.02, dp_noise=0.002, subsample_noise=0.01)
+    for step in range(30):
+        run_step(policy, step, oracle, owner)
+    q = policy.q()
+    logic = CLUSTERS.index("logic")
+    assert q[logic] > 0.25 and q[logic] == q.max()
+    assert policy.metrics()["feedback_queries"] >= 25.0
+
+
+def test_lookahead_builds_one_candidate_per_cluster_present():
+    pool = make_pool(per_cluster=2)
+    batch = [
+        Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 1, 4, 6)
+    ]  # algebra x2, logic, number
+    clusters = np.array([0, 0, 2, 3])
+    owner = feedback({"algebra": 0.1, "logic": -0.2})
+    estimate = build_estimator("lookahead", EstimatorSettings()).estimate(
+        batch, clusters, np.full(4, 0.25), owner, np.random.default_rng(0)
+    )
+    assert owner.calls[0]["weights"] == [[1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    assert estimate.grad == pytest.approx([0.1, 0.0, -0.2, 0.0])
+    assert estimate.observed.tolist() == [True, False, True, True]
+
+    limited = build_estimator("lookahead", EstimatorSettings(lookahead_max_clusters=2))
+    limited.estimate(batch, clusters, np.full(4, 0.25), owner, np.random.default_rng(0))
+    assert len(owner.calls[1]["weights"]) == 2
+
+
+def test_spsa_estimate_paired_perturbation_by_hand():
+    pool = make_pool(per_cluster=2)
+    batch = [Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 2, 4, 6)]  # one per cluster
+    clusters = np.arange(4)
+    q = np.array([0.4, 0.3, 0.2, 0.1])
+    owner = feedback({"geometry": 1.0}, lr=1.0)
+    spsa = SpsaEstimator(EstimatorSettings(spsa_a=2.0, spsa_A=10.0, spsa_c=0.5))
+    rng = np.random.default_rng(7)
+    delta = np.random.default_rng(7).choice(np.array([-1.0, 1.0]), size=4)
+    estimate = spsa.estimate(batch, clusters, q, owner, rng)
+
+    plus, minus = q * np.exp(0.5 * delta), q * np.exp(-0.5 * delta)  # batch share is 1/4 each
+    w_plus, w_minus = owner.calls[0]["weights"]
+    assert np.array(w_plus) == pytest.approx(plus / plus.mean())
+    assert np.array(w_minus) == pytest.approx(minus / minus.mean())
+    y_diff = plus[1] / plus.sum() - minus[1] / minus.sum()
+    assert estimate.grad == pytest.approx(y_diff / 1.0 * delta)
+    assert estimate.gain == pytest.approx(2.0) and spsa.iterations == 1
+    a1, c1 = spsa.gains()
+    assert a1 == pytest.approx(2.0 * (11 / 12) ** 0.602) and c1 == pytest.approx(0.5 / 2**0.101)
+
+
+def test_spsa_accepts_release_without_base():
+    pool = make_pool(per_cluster=2)
+    batch = [Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 2)]
+    owner = feedback({"algebra": 1.0}, with_base=False)
+    estimate = build_estimator("spsa", EstimatorSettings()).estimate(
+        batch, np.array([0, 1]), np.full(4, 0.25), owner, np.random.default_rng(0)
+    )
+    assert estimate is not None and estimate.observed.tolist() == [True, True, False, False]
+
+
+def test_failed_query_keeps_q_and_counts():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=8, n=4)
+    owner = feedback({"logic": 1.0}, fail=True)
+    run_step(policy, 0, FakeOracle(pool, seed=1, rates=np.full(40, 0.5)), owner)
+    assert policy.logits.tolist() == [0.0] * 4
+    assert policy.metrics()["feedback_failures"] == 1.0 and policy.metrics()["feedback_queries"] == 0.0
+
+
+def test_no_query_when_not_allowed_or_single_cluster():
+    pool = make_pool(per_cluster=10)
+    oracle = FakeOracle(pool, seed=1, rates=np.full(40, 0.5))
+    paced = feedback({"logic": 1.0}, query_every=3)
+    policy = l2rr(pool, batch_size=8, n=4)
+    for step in range(6):
+        run_step(policy, step, oracle, paced)
+    assert len(paced.calls) == 2  # steps 0 and 3
+
+    single = feedback({"logic": 1.0})
+    policy.before_update(6, [Group(i, "algebra", rollouts_for(i, [0, 1])) for i in range(3)], single)
+    assert single.calls == []
+
+
+def test_uniform_q_ablation_never_queries():
+    pool = make_pool(per_cluster=10)
+    owner = feedback({"logic": 1.0})
+    policy = l2rr(pool, batch_size=8, n=4, learn_q=False)
+    for step in range(5):
+        run_step(policy, step, FakeOracle(pool, seed=step), owner)
+    assert owner.calls == [] and policy.q() == pytest.approx(np.full(4, 0.25))
+
+
+def test_unknown_estimator_lists_known():
+    with pytest.raises(ValueError, match="lookahead"):
+        l2rr(make_pool(), estimator="bogus")
+    with pytest.raises(ValueError, match="known: lookahead, spsa"):
+        build_estimator("bogus", EstimatorSettings())
+
+
+def test_bad_checkpoint_changes_nothing():
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool)
+    state = json.loads(json.dumps(policy.state_dict()))
+    state["logits"] = [1.0, 2.0]
+    before = json.dumps(policy.state_dict())
+    with pytest.raises(ValueError, match="logits"):
+        policy.load_state_dict(state)
+    assert json.dumps(policy.state_dict()) == before
+
+
+@pytest.mark.parametrize("estimator", ["lookahead", "spsa"])
+def test_resume_reproduces_requests_and_q_with_feedback(estimator):
+    pool = make_pool(per_cluster=10)
+    oracle = FakeOracle(pool, seed=6)
+    owner = feedback({"geometry": 1.0}, lr=0.02, dp_noise=0.003, seed=2)
+    policy = l2rr(pool, batch_size=8, n=4, seed=5, estimator=estimator)
+    for step in range(5):
+        run_step(policy, step, oracle, owner)
+    resumed = l2rr(pool, batch_size=8, n=4, seed=123, estimator=estimator)
+    resumed.load_state_dict(json.loads(json.dumps(policy.state_dict())))
+    resumed.rng.bit_generator.state = copy.deepcopy(policy.rng.bit_generator.state)
+    oracle_twin, owner_twin = copy.deepcopy(oracle), copy.deepcopy(owner)
+    for step in range(5, 9):
+        assert (
+            run_step(policy, step, oracle, owner).requests
+            == run_step(resumed, step, oracle_twin, owner_twin).requests
+        )
+    assert resumed.q().tolist() == policy.q().tolist()

@@ -1,0 +1,261 @@
+"""GRESO: skip prompts whose reward history predicts a zero-variance group, before rollout.
+
+Rules from the public GRESO code (Infini-AI-Lab/GRESO, ray_trainer.py + DataProfiler):
+
+- History: the mean group reward of every step the prompt was rolled out. Only the run of
+  most recent entries matters, so we keep two streak counters per prompt instead of lists.
+- Skip probability (pre-rollout): no history -> never skipped. If the latest entry is easy
+  (mean >= easy_threshold), with z = consecutive most recent easy entries,
+  P_skip = 1 - max(p_easy^z, keep_floor); if it is hard (mean <= hard_threshold), the same
+  with p_hard. Anything else -> not skipped.
+- Adaptive exploration, after each step: with alpha = target_zero_variance, the targets are
+  alpha/3 easy and 2*alpha/3 hard (hard prompts are more likely to change as the model
+  improves). If the step's easy ratio >= its target, p_easy -= p_step (skip more), else
+  += p_step; same for hard; both clipped to [p_min, p_max].
+- Adaptive sampling batch size, between rounds: with rho = this round's zero-variance ratio,
+  B_est = int((target - have) / (1 - rho) * margin) prompts (GRESO writes it in
+  trajectories, /n, which is the same). If B_est <= sampling_batch_size this is the last
+  round; the next round samples max(min(B_est, sampling_batch_size), min_sampling_batch_size)
+  non-skipped prompts. The batch is the first batch_size informative groups (as DAPO).
+
+Scaled for our small batches (GRESO: sampling 384 / train 256 / min 64): sampling_batch_size
+defaults to ceil(1.5 * batch_size) and min_sampling_batch_size to max(1, batch_size // 4).
+
+Deviations: GRESO walks an epoch dataloader; we draw prompts uniformly each round (never one
+already rolled out or skipped this step). GRESO adapts p only after epoch 0 (before that no
+prompt has history); we adapt every step, since with per-step draws history exists early.
+GRESO keeps sampling while B_est > sampling_batch_size; `max_num_gen_batches` (ours) caps
+the rounds so a pool that is all zero-variance cannot loop forever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer_node.policies.base import (
+    DataPolicy,
+    Group,
+    PolicySettings,
+    RolloutRequest,
+    SourcePool,
+    StepRollouts,
+    informative_groups,
+    parse_options,
+    register_policy,
+    require,
+)
+
+
+@dataclass(frozen=True)
+class GresoOptions:
+    p_easy: float = 0.5  # initial keep base for easy prompts
+    p_hard: float = 0.5  # initial keep base for hard prompts
+    easy_threshold: float = 0.98  # mean reward >= this: easy (binary rewards: all correct)
+    hard_threshold: float = 0.11  # mean reward <= this: hard (binary rewards: all wrong)
+    keep_floor: float = 0.01  # a prompt is always kept with at least this probability
+    target_zero_variance: float = 0.25  # alpha
+    p_step: float = 0.01
+    p_min: float = 0.05
+    p_max: float = 0.95
+    sampling_batch_size: int | None = None  # default ceil(1.5 * batch_size)
+    min_sampling_batch_size: int | None = None  # default max(1, batch_size // 4)
+    batch_margin: float = 1.25
+    max_num_gen_batches: int = 8
+
+    def __post_init__(self) -> None:
+        for key in ("p_easy", "p_hard", "keep_floor"):
+            require(0 < getattr(self, key) <= 1, "greso", key, "must be in (0, 1]")
+        require(
+            self.hard_threshold < self.easy_threshold, "greso", "hard_threshold", "must be < easy_threshold"
+        )
+        require(0 < self.target_zero_variance < 1, "greso", "target_zero_variance", "must be in (0, 1)")
+        require(self.p_step >= 0, "greso", "p_step", "must be >= 0")
+        require(0 < self.p_min <= self.p_max <= 1, "greso", "p_min", "needs 0 < p_min <= p_max <= 1")
+        for key in ("sampling_batch_size", "min_sampling_batch_size"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, "greso", key, "must be >= 1")
+        require(self.batch_margin > 0, "greso", "batch_margin", "must be > 0")
+        require(self.max_num_gen_batches >= 1, "greso", "max_num_gen_batches", "must be >= 1")
+
+
+def skip_probability(
+    easy_streak: int, hard_streak: int, p_easy: float, p_hard: float, keep_floor: float
+) -> float:
+    """GRESO's P_skip from the prompt's trailing run of easy or hard history entries."""
+    if easy_streak > 0:
+        return 1.0 - max(p_easy**easy_streak, keep_floor)
+    if hard_streak > 0:
+        return 1.0 - max(p_hard**hard_streak, keep_floor)
+    return 0.0
+
+
+def adaptive_batch_size(target: int, have: int, zero_var_ratio: float, margin: float) -> int:
+    """GRESO's B_est: prompts to sample so that `target - have` informative groups arrive."""
+    informative_rate = max(1.0 - zero_var_ratio, 1e-9)  # rho = 1 would divide by zero; B_est is capped anyway
+    return int((target - have) / informative_rate * margin)
+
+
+def step_probability(
+    p: float, observed_ratio: float, target_ratio: float, step: float, lo: float, hi: float
+) -> float:
+    """Move a keep base toward the zero-variance target: too many -> skip more (smaller p)."""
+    if observed_ratio >= target_ratio:
+        return max(p - step, lo)
+    return min(p + step, hi)
+
+
+@register_policy
+class GresoPolicy(DataPolicy):
+    name = "greso"
+
+    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
+        super().__init__(pool, settings, rng)
+        self.options = opts = parse_options(self.name, GresoOptions, settings.options)
+        batch = settings.batch_size
+        self.sampling_batch_size = opts.sampling_batch_size or max(1, math.ceil(1.5 * batch))
+        self.min_sampling_batch_size = opts.min_sampling_batch_size or max(1, batch // 4)
+        self.p_easy = opts.p_easy
+        self.p_hard = opts.p_hard
+        self.easy_streak = np.zeros(len(pool), dtype=np.int64)
+        self.hard_streak = np.zeros(len(pool), dtype=np.int64)
+        # Per-step scratch, reset when a step starts (so_far.rounds == 0); never checkpointed
+        # because the trainer checkpoints between steps.
+        self._skipped: set[int] = set()
+        self._last_round = False
+        self._round_sizes: list[int] = []
+        self._groups_before_round = 0
+        self._step_metrics: dict[str, float] = {}
+
+    # --- per-round sampling ---------------------------------------------------------------
+
+    def skip_probabilities(self, indices: np.ndarray) -> np.ndarray:
+        """Vectorised skip_probability over prompt indices."""
+        easy = self.easy_streak[indices]
+        hard = self.hard_streak[indices]
+        floor = self.options.keep_floor
+        p_easy = 1.0 - np.maximum(self.p_easy ** easy.astype(np.float64), floor)
+        p_hard = 1.0 - np.maximum(self.p_hard ** hard.astype(np.float64), floor)
+        return np.where(easy > 0, p_easy, np.where(hard > 0, p_hard, 0.0))
+
+    def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
+        if so_far.rounds == 0:
+            self._skipped = set()
+            self._last_round = False
+            self._round_sizes = []
+            self._groups_before_round = 0
+            size = self.sampling_batch_size
+        else:
+            size = self._next_round_size(so_far)
+            if size == 0:
+                return []
+        self._groups_before_round = len(so_far.groups)
+        chosen = self._draw_unskipped(size, {g.index for g in so_far.groups})
+        self._round_sizes.append(len(chosen))
+        return [RolloutRequest(i, self.settings.rollouts_per_prompt) for i in chosen]
+
+    def _next_round_size(self, so_far: StepRollouts) -> int:
+        """0 to stop; else the adaptive sampling batch size for the next round."""
+        target = self.settings.batch_size
+        have = len(informative_groups(so_far.groups))
+        if have >= target or self._last_round or so_far.rounds >= self.options.max_num_gen_batches:
+            return 0
+        this_round = so_far.groups[self._groups_before_round :]
+        rho = sum(g.zero_variance for g in this_round) / max(len(this_round), 1)
+        estimate = adaptive_batch_size(target, have, rho, self.options.batch_margin)
+        if estimate <= self.sampling_batch_size:
+            self._last_round = True
+        return max(min(estimate, self.sampling_batch_size), self.min_sampling_batch_size)
+
+    def _draw_unskipped(self, size: int, rolled_out: set[int]) -> list[int]:
+        """Walk a uniform permutation of fresh prompts, skipping each with its P_skip, until `size` kept."""
+        exclude = rolled_out | self._skipped
+        eligible = np.arange(len(self.pool))
+        if exclude:
+            eligible = np.setdiff1d(eligible, np.fromiter(exclude, dtype=np.int64))
+        order = self.rng.permutation(eligible)
+        keep = self.rng.random(len(order)) >= self.skip_probabilities(order)
+        chosen: list[int] = []
+        for index, kept in zip(order.tolist(), keep.tolist()):
+            if len(chosen) == size:
+                break
+            if kept:
+                chosen.append(index)
+            else:
+                self._skipped.add(index)
+        return chosen
+
+    # --- after rollout --------------------------------------------------------------------
+
+    def training_groups(self, step: int, so_far: StepRollouts) -> list[Group]:
+        kept = informative_groups(so_far.groups)
+        total = max(len(so_far.groups), 1)
+        self._step_metrics = {
+            "rounds": float(so_far.rounds),
+            "kept_groups": float(min(len(kept), self.settings.batch_size)),
+            "zero_variance_frac": float(sum(g.zero_variance for g in so_far.groups) / total),
+            "rollouts_generated": float(so_far.rollouts_generated),
+            "skipped": float(len(self._skipped)),
+            "last_sampling_batch_size": float(self._round_sizes[-1] if self._round_sizes else 0),
+            "cap_hit": float(len(kept) < self.settings.batch_size),
+        }
+        return kept[: self.settings.batch_size]
+
+    def observe(self, step: int, groups: Sequence[Group]) -> None:
+        opts = self.options
+        easy = hard = 0
+        for group in groups:
+            mean = group.mean_reward
+            if mean >= opts.easy_threshold:
+                easy += 1
+                self.easy_streak[group.index] += 1
+                self.hard_streak[group.index] = 0
+            elif mean <= opts.hard_threshold:
+                hard += 1
+                self.hard_streak[group.index] += 1
+                self.easy_streak[group.index] = 0
+            else:
+                self.easy_streak[group.index] = 0
+                self.hard_streak[group.index] = 0
+        if not groups:
+            return
+        alpha = opts.target_zero_variance
+        easy_ratio, hard_ratio = easy / len(groups), hard / len(groups)
+        self.p_easy = step_probability(
+            self.p_easy, easy_ratio, alpha / 3, opts.p_step, opts.p_min, opts.p_max
+        )
+        self.p_hard = step_probability(
+            self.p_hard, hard_ratio, 2 * alpha / 3, opts.p_step, opts.p_min, opts.p_max
+        )
+        self._step_metrics.update(
+            {"easy_frac": easy_ratio, "hard_frac": hard_ratio, "p_easy": self.p_easy, "p_hard": self.p_hard}
+        )
+
+    # --- checkpoint -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "p_easy": self.p_easy,
+            "p_hard": self.p_hard,
+            "easy_streak": self.easy_streak.tolist(),
+            "hard_streak": self.hard_streak.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        easy = np.asarray(state["easy_streak"], dtype=np.int64)
+        hard = np.asarray(state["hard_streak"], dtype=np.int64)
+        if easy.shape != (len(self.pool),) or hard.shape != (len(self.pool),):
+            raise ValueError(
+                f"greso state is for a pool of {easy.shape[0]} prompts, this pool has {len(self.pool)}"
+            )
+        self.p_easy = float(state["p_easy"])
+        self.p_hard = float(state["p_hard"])
+        self.easy_streak = easy
+        self.hard_streak = hard
+
+    def metrics(self) -> dict[str, float]:
+        return {"p_easy": self.p_easy, "p_hard": self.p_hard, **self._step_metrics}

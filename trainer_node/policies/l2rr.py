@@ -1,0 +1,302 @@
+"""L2RR: learning-to-reweight rollout (seed 000). The derivation is in docs/L2RR.md.
+
+Per step:
+  1. Draw ceil(oversample * B) distinct candidates: a cluster from q, then a prompt inside it
+     with probability ~ exp(-lambda * waste_i) (waste_i: the prompt's zero-variance streak).
+  2. Keep the B candidates with the lowest predicted waste (Beta-binomial probability that
+     n fresh rollouts all agree, from the prompt's recent history; unseen prompts rank high).
+  3. Allocate rollouts by the prompt's Bernoulli variance: n * 4p(1-p), clipped to [min, n].
+  4. Train on the groups with reward variance (zero-variance groups have zero GRPO gradient).
+  5. If the trainer allows a feedback query this step, spend ONE query on a hypergradient of
+     target accuracy w.r.t. q (estimator: "lookahead" or "spsa", l2rr_estimators.py) and take
+     a mirror-ascent step on q's logits: eta_q * gain * (normalised hypergradient
+     - lambda * centred cluster waste).
+
+Ablations (paper Table 2): waste_penalty=false is "w/o ws" (lambda = 0 everywhere),
+rollout_allocation=false gives every prompt n rollouts, learn_q=false is "uniform q".
+The default estimator "lookahead" is provisional: the choice between estimators is to be
+made by measurement in integration, not asserted here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer_node.policies.base import (
+    DataPolicy,
+    FeedbackContext,
+    Group,
+    PolicySettings,
+    RolloutRequest,
+    SourcePool,
+    StepRollouts,
+    informative_groups,
+    parse_options,
+    register_policy,
+    require,
+)
+from trainer_node.policies.l2rr_estimators import (
+    EstimatorSettings,
+    HypergradientEstimate,
+    build_estimator,
+    estimator_names,
+)
+from trainer_node.policies.l2rr_rules import (
+    PromptHistory,
+    allocate_rollouts,
+    mixed_distribution,
+    predicted_waste,
+)
+
+
+@dataclass(frozen=True)
+class L2rrOptions:
+    lambda_waste: float = 0.25  # paper's best lambda (Fig. 2 / Table 8)
+    waste_penalty: bool = True  # false: "w/o ws" ablation (lambda = 0)
+    rollout_allocation: bool = True  # false: every prompt gets n rollouts
+    learn_q: bool = True  # false: "uniform q" ablation (no feedback queries)
+    oversample: float = 1.5  # candidates per batch slot (paper: 384 for B = 256)
+    estimator: str = "lookahead"  # provisional default; see module docstring
+    eta_q: float = 0.1  # mirror-ascent step on the logits per query
+    q_floor: float = 0.05  # total mass spread uniformly: each cluster keeps >= q_floor / C
+    max_waste: int = 18  # counter cap: exp(-0.25 * 18) ~ 0.011, GRESO's 0.01 keep floor
+    min_rollouts: int = 2  # never below 2, so a group's variance is defined
+    grad_norm_beta: float = 0.9  # EMA of the hypergradient's mean square (scale normaliser)
+    grad_clip: float = 3.0  # |normalised hypergradient| cap per cluster
+    lookahead_max_clusters: int = 0  # 0 = one lookahead candidate per cluster present
+    spsa_a: float = 1.0
+    spsa_A: float = 10.0
+    spsa_c: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(self.lambda_waste >= 0, "l2rr", "lambda_waste", "must be >= 0")
+        require(self.oversample >= 1, "l2rr", "oversample", "must be >= 1")
+        require(
+            self.estimator in estimator_names(),
+            "l2rr",
+            "estimator",
+            f"must be one of {estimator_names()}, got {self.estimator!r}",
+        )
+        require(self.eta_q >= 0, "l2rr", "eta_q", "must be >= 0")
+        require(0 <= self.q_floor < 1, "l2rr", "q_floor", "must be in [0, 1)")
+        require(self.max_waste >= 1, "l2rr", "max_waste", "must be >= 1")
+        require(self.min_rollouts >= 2, "l2rr", "min_rollouts", "must be >= 2")
+        require(0 <= self.grad_norm_beta < 1, "l2rr", "grad_norm_beta", "must be in [0, 1)")
+        require(self.grad_clip > 0, "l2rr", "grad_clip", "must be > 0")
+        require(self.lookahead_max_clusters >= 0, "l2rr", "lookahead_max_clusters", "must be >= 0")
+        require(self.spsa_a > 0, "l2rr", "spsa_a", "must be > 0")
+        require(self.spsa_A >= 0, "l2rr", "spsa_A", "must be >= 0")
+        require(self.spsa_c > 0, "l2rr", "spsa_c", "must be > 0")
+
+    @property
+    def effective_lambda(self) -> float:
+        return self.lambda_waste if self.waste_penalty else 0.0
+
+    def estimator_settings(self) -> EstimatorSettings:
+        return EstimatorSettings(
+            lookahead_max_clusters=self.lookahead_max_clusters,
+            spsa_a=self.spsa_a,
+            spsa_A=self.spsa_A,
+            spsa_c=self.spsa_c,
+        )
+
+
+@register_policy
+class L2rrPolicy(DataPolicy):
+    name = "l2rr"
+    uses_target_feedback = True
+
+    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
+        super().__init__(pool, settings, rng)
+        self.options = parse_options(self.name, L2rrOptions, settings.options)
+        self.cluster_names = pool.cluster_names
+        position = {name: c for c, name in enumerate(self.cluster_names)}
+        self.cluster_of = np.array([position[c] for c in pool.clusters], dtype=np.int64)  # (N,)
+        self.members = [np.flatnonzero(self.cluster_of == c) for c in range(len(self.cluster_names))]
+        self.estimator = build_estimator(self.options.estimator, self.options.estimator_settings())
+        self.logits = np.zeros(len(self.cluster_names))
+        self.history = PromptHistory.empty(len(pool))
+        self.grad_sq = 0.0  # EMA of the centred hypergradient's mean square
+        self.grad_updates = 0  # EMA bias correction count
+        self.last_hypergrad = np.zeros(len(self.cluster_names))
+        self.feedback_queries = 0
+        self.feedback_failures = 0
+        self._step_metrics: dict[str, float] = {}
+
+    # --- sampling -------------------------------------------------------------------------
+
+    def q(self) -> np.ndarray:
+        return mixed_distribution(self.logits, self.options.q_floor)
+
+    def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
+        if so_far.rounds > 0:
+            return []
+        n = self.settings.rollouts_per_prompt
+        batch = min(self.settings.batch_size, len(self.pool))
+        wanted = min(len(self.pool), max(batch, math.ceil(self.options.oversample * batch - 1e-9)))
+        candidates = self.draw_candidates(wanted)
+        successes, failures = self.history.evidence(candidates)
+        waste_risk = predicted_waste(successes, failures, n)
+        keep = np.argsort(waste_risk, kind="stable")[:batch]  # candidates are in random order: ties random
+        chosen = candidates[keep]
+        if self.options.rollout_allocation:
+            s, f = successes[keep], failures[keep]
+            rollouts = allocate_rollouts((1.0 + s) / (2.0 + s + f), n, self.options.min_rollouts)
+        else:
+            rollouts = np.full(len(chosen), n, dtype=np.int64)
+        self._step_metrics = {
+            "candidates": float(len(candidates)),
+            "rollouts_requested": float(rollouts.sum()),
+            "rollouts_saved": float(len(chosen) * n - rollouts.sum()),
+            "predicted_waste_kept": float(waste_risk[keep].mean()) if len(keep) else 0.0,
+        }
+        # Realised share per cluster after selection (q is the share before it).
+        counts = np.bincount(self.cluster_of[chosen], minlength=len(self.cluster_names))
+        for name, count in zip(self.cluster_names, counts.tolist()):
+            self._step_metrics[f"share/{name}"] = count / max(len(chosen), 1)
+        return [RolloutRequest(int(i), int(r)) for i, r in zip(chosen, rollouts)]
+
+    def draw_candidates(self, count: int) -> np.ndarray:
+        """`count` distinct prompts: clusters ~ q, within a cluster ~ exp(-lambda * waste), random order."""
+        q = self.q()
+        sizes = np.array([len(m) for m in self.members])
+        per_cluster = np.minimum(self.rng.multinomial(count, q), sizes)
+        while per_cluster.sum() < count:  # a cluster ran out of prompts: redraw the excess among the rest
+            room = sizes - per_cluster
+            p = q * (room > 0)
+            per_cluster += np.minimum(self.rng.multinomial(count - per_cluster.sum(), p / p.sum()), room)
+        lam = self.options.effective_lambda
+        picks = []
+        for c, take in enumerate(per_cluster.tolist()):
+            if take == 0:
+                continue
+            idx = self.members[c]
+            # Gumbel top-k == sequential sampling without replacement with p ~ exp(-lambda * waste).
+            keys = -lam * self.history.waste[idx] + self.rng.gumbel(size=len(idx))
+            picks.append(idx[np.argsort(-keys, kind="stable")[:take]])
+        return self.rng.permutation(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
+
+    # --- after rollout --------------------------------------------------------------------
+
+    def training_groups(self, step: int, so_far: StepRollouts) -> list[Group]:
+        kept = informative_groups(so_far.groups)
+        total = max(len(so_far.groups), 1)
+        self._step_metrics.update(
+            {
+                "kept_groups": float(len(kept)),
+                "zero_variance_frac": float(sum(g.zero_variance for g in so_far.groups) / total),
+                "rollouts_generated": float(so_far.rollouts_generated),
+            }
+        )
+        return kept
+
+    def observe(self, step: int, groups: Sequence[Group]) -> None:
+        for g in groups:
+            self.history.record(
+                g.index, g.mean_reward, len(g.rollouts), g.zero_variance, self.options.max_waste
+            )
+
+    def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
+        if not self.options.learn_q or feedback is None or not batch:
+            return
+        batch_clusters = self.cluster_of[[g.index for g in batch]]
+        if len(np.unique(batch_clusters)) < 2:
+            return  # one cluster: no relative information about q, don't spend budget
+        if not feedback.should_query(step):
+            return
+        estimate = self.estimator.estimate(batch, batch_clusters, self.q(), feedback, self.rng)
+        if estimate is None:
+            self.feedback_failures += 1
+            return
+        self.feedback_queries += 1
+        self.apply_hypergradient(estimate)
+
+    def apply_hypergradient(self, estimate: HypergradientEstimate) -> None:
+        """One mirror-ascent step on the logits from a hypergradient and the waste penalty.
+
+        The hypergradient is centred over the clusters it observed and divided by a running
+        RMS (bias-corrected EMA of its mean square), so eta_q is a step in logit units
+        whatever the accuracy scale or DP noise level; unobserved clusters get 0.
+        """
+        observed = estimate.observed
+        grad = np.where(observed, estimate.grad, 0.0)
+        if observed.any():
+            grad[observed] -= grad[observed].mean()
+        self.last_hypergrad = np.asarray(estimate.grad, dtype=np.float64).copy()
+        beta = self.options.grad_norm_beta
+        mean_sq = float(np.mean(grad[observed] ** 2)) if observed.any() else 0.0
+        self.grad_sq = beta * self.grad_sq + (1 - beta) * mean_sq
+        self.grad_updates += 1
+        scale = self.hypergrad_scale()
+        normalised = (
+            np.clip(grad / scale, -self.options.grad_clip, self.options.grad_clip) if scale > 0 else grad * 0
+        )
+        cluster_waste = self.history.cluster_waste(self.members)
+        penalty = self.options.effective_lambda * (cluster_waste - cluster_waste.mean())
+        self.logits = self.logits + self.options.eta_q * estimate.gain * (normalised - penalty)
+        self.logits -= self.logits.mean()
+
+    # --- checkpoint and logs --------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "clusters": list(self.cluster_names),
+            "logits": self.logits.tolist(),
+            "history": self.history.state_dict(),
+            "estimator": self.estimator.state_dict(),
+            "grad_sq": self.grad_sq,
+            "grad_updates": self.grad_updates,
+            "last_hypergrad": self.last_hypergrad.tolist(),
+            "feedback_queries": self.feedback_queries,
+            "feedback_failures": self.feedback_failures,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Validate everything before assigning anything: a bad checkpoint changes nothing.
+        if list(state["clusters"]) != self.cluster_names:
+            raise ValueError(
+                f"l2rr state is for clusters {state['clusters']}, this pool has {self.cluster_names}"
+            )
+        history = PromptHistory.from_state(state["history"], len(self.pool))
+        logits = np.asarray(state["logits"], dtype=np.float64)
+        last_hypergrad = np.asarray(state["last_hypergrad"], dtype=np.float64)
+        if logits.shape != self.logits.shape or last_hypergrad.shape != self.logits.shape:
+            raise ValueError(
+                f"l2rr state has {logits.size} logits, this pool has {self.logits.size} clusters"
+            )
+        estimator = build_estimator(self.options.estimator, self.options.estimator_settings())
+        estimator.load_state_dict(state["estimator"])
+        grad_sq, grad_updates = float(state["grad_sq"]), int(state["grad_updates"])
+        queries, failures = int(state["feedback_queries"]), int(state["feedback_failures"])
+        self.history, self.logits, self.last_hypergrad, self.estimator = (
+            history,
+            logits,
+            last_hypergrad,
+            estimator,
+        )
+        self.grad_sq, self.grad_updates = grad_sq, grad_updates
+        self.feedback_queries, self.feedback_failures = queries, failures
+
+    def metrics(self) -> dict[str, float]:
+        out = dict(self._step_metrics)
+        q = self.q()
+        waste = self.history.cluster_waste(self.members)
+        for c, name in enumerate(self.cluster_names):
+            out[f"q/{name}"] = float(q[c])
+            out[f"waste/{name}"] = float(waste[c])
+            out[f"hypergrad/{name}"] = float(self.last_hypergrad[c])
+        out["feedback_queries"] = float(self.feedback_queries)
+        out["feedback_failures"] = float(self.feedback_failures)
+        out["hypergrad_scale"] = self.hypergrad_scale()
+        return out
+
+    def hypergrad_scale(self) -> float:
+        """Running RMS the hypergradient is divided by (0 before the first query)."""
+        if self.grad_updates == 0:
+            return 0.0
+        return math.sqrt(self.grad_sq / (1 - self.options.grad_norm_beta**self.grad_updates))
