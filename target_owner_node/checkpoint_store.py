@@ -1,0 +1,322 @@
+"""Checkpoint intake: a streamed upload becomes a validated, content-addressed checkpoint.
+
+Layout under the storage folder::
+
+    blobs/<sha256>                 immutable file contents, shared between checkpoints
+    checkpoints/<checkpoint_id>.json   {"files": [{"name", "size", "sha256"}, ...]}
+    materialized/<checkpoint_id>/  hard links named as the model loader expects
+    tmp/                           uploads in progress (removed on any failure)
+
+An upload is a manifest, then chunks for the files the owner does not already hold. Every
+check happens BEFORE anything is moved out of tmp/: any failure stores nothing. Untrusted
+input is never executed: names come from an allowlist (safetensors + known JSON files),
+headers and JSON are validated, and nothing is unpickled.
+
+checkpoint_id = sha256 of the canonical manifest (see `checkpoint_id_for`), so identical
+uploads get the same id and the id commits to every file's digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from protocol import errors
+from protocol.errors import ProtocolError, invalid
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from protocol.validation import (
+    MAX_CHUNK_BYTES,
+    CheckpointValidationError,
+    validate_checkpoint_dir,
+    validate_file_name,
+)
+from target_owner_node.durable import fsync_dir, write_atomically
+
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+REQUIRED_FILES = ("config.json", "tokenizer.json")
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    checkpoint_id: str
+    bytes_received: int
+    reused_files: tuple[str, ...]
+
+
+def checkpoint_id_for(files: Iterable[ManifestEntry]) -> str:
+    """sha256 over the manifest sorted by name, as canonical JSON [[name, size, sha256], ...]."""
+    rows = sorted([entry.name, entry.size, entry.sha256] for entry in files)
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+class CheckpointStore:
+    """Receives, validates and stores checkpoints; thread-safe."""
+
+    def __init__(self, root: str | Path, max_checkpoint_bytes: int, quota_bytes: int) -> None:
+        self.root = Path(root)
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.quota_bytes = quota_bytes
+        self.blobs = self.root / "blobs"
+        self.checkpoints = self.root / "checkpoints"
+        self.materialized = self.root / "materialized"
+        self.tmp = self.root / "tmp"
+        for folder in (self.blobs, self.checkpoints, self.materialized, self.tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+        for leftover in self.tmp.iterdir():  # uploads interrupted by a crash
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._lock = threading.Lock()
+        self._stored_bytes = sum(p.stat().st_size for p in self.blobs.iterdir() if p.is_file())
+        self._reserved_bytes = 0
+
+    # -- queries ---------------------------------------------------------------------------
+    def exists(self, checkpoint_id: str) -> bool:
+        return (
+            bool(SHA256_HEX.match(checkpoint_id)) and (self.checkpoints / f"{checkpoint_id}.json").is_file()
+        )
+
+    def manifest(self, checkpoint_id: str) -> list[ManifestEntry]:
+        record = json.loads((self.checkpoints / f"{checkpoint_id}.json").read_text(encoding="utf-8"))
+        return [ManifestEntry(f["name"], f["size"], f["sha256"]) for f in record["files"]]
+
+    def holds_blob(self, sha256: str) -> bool:
+        return (self.blobs / sha256).is_file()
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._stored_bytes
+
+    def materialize(self, checkpoint_id: str) -> Path:
+        """A folder with the checkpoint's files under their names (hard links to blobs)."""
+        target = self.materialized / checkpoint_id
+        if target.is_dir():
+            return target
+        staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix=f"mat-{checkpoint_id[:12]}-"))
+        try:
+            for entry in self.manifest(checkpoint_id):
+                try:
+                    os.link(self.blobs / entry.sha256, staging / entry.name)
+                except OSError:
+                    shutil.copyfile(self.blobs / entry.sha256, staging / entry.name)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not target.is_dir():  # not a lost race with another materializer
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    # -- upload ----------------------------------------------------------------------------
+    def receive(self, messages: Iterator[pb.UploadCheckpointRequest]) -> UploadResult:
+        """Consume one UploadCheckpoint stream. Raises ProtocolError; stores nothing on failure."""
+        first = next(messages, None)
+        if first is None or first.WhichOneof("payload") != "manifest":
+            raise invalid(errors.INVALID_REQUEST, "the first upload message must be the manifest")
+        entries = self._parse_manifest(first.manifest)
+        held = {entry.name for entry in entries if self.holds_blob(entry.sha256)}
+        new_bytes = sum({e.sha256: e.size for e in entries if e.name not in held}.values())
+        self._reserve(new_bytes)
+        workdir = Path(tempfile.mkdtemp(dir=self.tmp, prefix="upload-"))
+        try:
+            received, digests = self._receive_chunks(messages, {e.name: e for e in entries}, workdir)
+            self._verify_complete(entries, held, received, digests, workdir)
+            self._validate_contents(entries, received, workdir)
+            checkpoint_id = checkpoint_id_for(entries)
+            self._commit(checkpoint_id, entries, received, workdir)
+            reused = tuple(sorted(name for name in held if name not in received))
+            return UploadResult(checkpoint_id, sum(received.values()), reused)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._release(new_bytes)
+
+    def _parse_manifest(self, manifest: pb.CheckpointManifest) -> list[ManifestEntry]:
+        if not manifest.files:
+            raise invalid(errors.INVALID_REQUEST, "the manifest lists no files")
+        entries: list[ManifestEntry] = []
+        names: set[str] = set()
+        for item in manifest.files:
+            try:
+                validate_file_name(item.name)
+            except CheckpointValidationError as error:
+                raise error.to_protocol_error() from None
+            if item.name in names:
+                raise invalid(errors.INVALID_REQUEST, f"the manifest lists {item.name!r} twice")
+            if item.size < 0:
+                raise invalid(errors.INVALID_REQUEST, f"{item.name}: size must be >= 0")
+            if not SHA256_HEX.match(item.sha256):
+                raise invalid(
+                    errors.INVALID_REQUEST, f"{item.name}: sha256 must be 64 lowercase hex characters"
+                )
+            names.add(item.name)
+            entries.append(ManifestEntry(item.name, item.size, item.sha256))
+        missing = [name for name in REQUIRED_FILES if name not in names]
+        if missing or not any(name.endswith(".safetensors") for name in names):
+            raise invalid(
+                errors.INVALID_CHECKPOINT,
+                "a checkpoint needs config.json, tokenizer.json and safetensors weights; missing: "
+                + ", ".join(missing or ["*.safetensors"]),
+            )
+        total = sum(entry.size for entry in entries)
+        if total > self.max_checkpoint_bytes:
+            raise invalid(
+                errors.UPLOAD_TOO_LARGE,
+                f"the checkpoint is {total} bytes; this node accepts at most {self.max_checkpoint_bytes}",
+                size=str(total),
+                limit=str(self.max_checkpoint_bytes),
+            )
+        return entries
+
+    def _reserve(self, new_bytes: int) -> None:
+        with self._lock:
+            if self._stored_bytes + self._reserved_bytes + new_bytes > self.quota_bytes:
+                raise ProtocolError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    errors.STORAGE_QUOTA_EXCEEDED,
+                    f"storing {new_bytes} new bytes would exceed this node's storage quota of {self.quota_bytes}",
+                    {"stored": str(self._stored_bytes), "limit": str(self.quota_bytes)},
+                )
+            self._reserved_bytes += new_bytes
+
+    def _release(self, new_bytes: int) -> None:
+        with self._lock:
+            self._reserved_bytes -= new_bytes
+
+    def _receive_chunks(
+        self,
+        messages: Iterator[pb.UploadCheckpointRequest],
+        manifest: dict[str, ManifestEntry],
+        workdir: Path,
+    ) -> tuple[dict[str, int], dict[str, str]]:
+        """Write chunks to workdir/<name>; returns (bytes received, sha256 hex) per file."""
+        received: dict[str, int] = {}
+        hashes: dict[str, hashlib._Hash] = {}
+        handles = {}
+        try:
+            for message in messages:
+                if message.WhichOneof("payload") != "chunk":
+                    raise invalid(
+                        errors.INVALID_REQUEST, "only one manifest is allowed, as the first message"
+                    )
+                chunk = message.chunk
+                entry = manifest.get(chunk.name)
+                if entry is None:
+                    raise invalid(errors.INVALID_REQUEST, "a chunk names a file that is not in the manifest")
+                if len(chunk.data) > MAX_CHUNK_BYTES:
+                    raise invalid(
+                        errors.UPLOAD_TOO_LARGE,
+                        f"{chunk.name}: chunk of {len(chunk.data)} bytes; chunks are at most {MAX_CHUNK_BYTES}",
+                        limit=str(MAX_CHUNK_BYTES),
+                    )
+                done = received.get(chunk.name, 0)
+                if chunk.offset != done:
+                    raise invalid(
+                        errors.INVALID_REQUEST,
+                        f"{chunk.name}: chunk offset {chunk.offset}, expected {done} (chunks must be sent in order)",
+                    )
+                if done + len(chunk.data) > entry.size:
+                    raise invalid(
+                        errors.UPLOAD_TOO_LARGE,
+                        f"{chunk.name}: more bytes than the {entry.size} the manifest declares",
+                    )
+                if chunk.name not in handles:
+                    handles[chunk.name] = (workdir / chunk.name).open("wb")
+                    hashes[chunk.name] = hashlib.sha256()
+                handles[chunk.name].write(chunk.data)
+                hashes[chunk.name].update(chunk.data)
+                received[chunk.name] = done + len(chunk.data)
+        finally:
+            for handle in handles.values():
+                handle.close()
+        return received, {name: digest.hexdigest() for name, digest in hashes.items()}
+
+    def _verify_complete(
+        self,
+        entries: list[ManifestEntry],
+        held: set[str],
+        received: dict[str, int],
+        digests: dict[str, str],
+        workdir: Path,
+    ) -> None:
+        for entry in entries:
+            if entry.name in received:
+                if received[entry.name] != entry.size:
+                    raise invalid(
+                        errors.MISSING_FILE_DATA,
+                        f"{entry.name}: received {received[entry.name]} of {entry.size} bytes",
+                    )
+                if digests[entry.name] != entry.sha256:
+                    raise invalid(
+                        errors.CHECKSUM_MISMATCH,
+                        f"{entry.name}: sha256 of the received bytes does not match the manifest",
+                    )
+            elif entry.name not in held:
+                if entry.size == 0 and entry.sha256 == hashlib.sha256(b"").hexdigest():
+                    (workdir / entry.name).write_bytes(b"")  # an empty file needs no chunk
+                    received[entry.name] = 0
+                else:
+                    raise invalid(
+                        errors.MISSING_FILE_DATA,
+                        f"{entry.name}: no data was sent and this node does not hold a file with that sha256",
+                    )
+
+    def _validate_contents(
+        self, entries: list[ManifestEntry], received: dict[str, int], workdir: Path
+    ) -> None:
+        """Validate the checkpoint as the loader will see it, reused blobs included (a blob
+        validated under one name may come back under another)."""
+        for entry in entries:
+            if entry.name not in received:
+                os.link(self.blobs / entry.sha256, workdir / entry.name)
+        try:
+            validate_checkpoint_dir(workdir, max_total_bytes=self.max_checkpoint_bytes)
+        except CheckpointValidationError as error:
+            raise error.to_protocol_error() from None
+        for entry in entries:
+            if entry.name not in received:
+                (workdir / entry.name).unlink()
+
+    def _commit(
+        self, checkpoint_id: str, entries: list[ManifestEntry], received: dict[str, int], workdir: Path
+    ) -> None:
+        """Move validated files into blobs/ and record the checkpoint (all checks already passed)."""
+        added = 0
+        for entry in entries:
+            if entry.name not in received:
+                continue
+            blob = self.blobs / entry.sha256
+            source = workdir / entry.name
+            with source.open("rb") as handle:
+                os.fsync(handle.fileno())
+            if blob.exists():
+                continue  # same content already stored (concurrent upload or resent file)
+            os.replace(source, blob)
+            added += entry.size
+        fsync_dir(self.blobs)
+        record = {
+            "files": [
+                {"name": e.name, "size": e.size, "sha256": e.sha256}
+                for e in sorted(entries, key=lambda e: e.name)
+            ]
+        }
+        write_atomically(
+            self.checkpoints / f"{checkpoint_id}.json", json.dumps(record, indent=1).encode("utf-8")
+        )
+        with self._lock:
+            self._stored_bytes += added

@@ -1,0 +1,207 @@
+"""`target-owner-node`: set up, run and audit a target-owner node.
+
+target-owner-node init DIR                 # config, certificates, held-out + test data
+target-owner-node serve --config DIR/config.toml
+target-owner-node audit verify --config DIR/config.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DESCRIPTION = """\
+Run the target owner's side of target-feedback GRPO.
+
+The owner keeps a private held-out set and a verifier. A trainer uploads checkpoints
+(safetensors only) over mutual TLS and asks for their accuracy; the node answers with
+aggregate accuracy only, with differential-privacy noise and a hard epsilon budget that
+is written to disk before any number leaves the machine.
+
+Typical first run:
+  target-owner-node init mynode                 # writes mynode/config.toml, pki/, data
+  target-owner-node serve --config mynode/config.toml
+  # give the trainer mynode/pki/ca.pem + its client certificate and key
+  target-owner-node audit verify --config mynode/config.toml
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="target-owner-node",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    init = commands.add_parser(
+        "init",
+        help="create a node folder: config.toml, certificates, held-out and test data",
+        description="Create DIR/config.toml, DIR/pki/ (owner CA, server and trainer certificates), "
+        "DIR/heldout.jsonl (the testbed's feedback split), DIR/test.jsonl and DIR/storage/. "
+        "Edit config.toml afterwards to point at your own held-out data.",
+    )
+    init.add_argument("dir", type=Path, metavar="DIR", help="folder to create (must not hold a config.toml)")
+    init.add_argument(
+        "--testbed", default=None, help="testbed whose splits become the data (default: the project default)"
+    )
+    init.add_argument(
+        "--server-name",
+        action="append",
+        dest="server_names",
+        metavar="NAME",
+        help="DNS name or IP the trainer will dial; repeat for several (default: localhost and 127.0.0.1)",
+    )
+    init.add_argument(
+        "--client-name", default="trainer", help="common name of the trainer's client certificate"
+    )
+    init.add_argument("--epsilon", type=float, default=4.0, help="total privacy budget epsilon (default 4)")
+    init.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
+    init.add_argument(
+        "--canary-file",
+        type=Path,
+        metavar="F",
+        help="plant each line of F into a held-out prompt and answer (for leak/conformance tests)",
+    )
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the gRPC server (mTLS) until SIGTERM/SIGINT",
+        description="Validate the config and data, replay the privacy ledger, then serve. Prints "
+        "'listening on HOST:PORT' on stdout once ready; logs JSON lines (never data) on stderr. "
+        "SIGTERM/SIGINT: health turns NOT_SERVING, in-flight calls finish, exit 0.",
+    )
+    serve.add_argument("--config", type=Path, required=True, help="the node's config.toml")
+    serve.add_argument(
+        "--port", type=int, default=None, help="override the port of server.listen_address (0 = any free)"
+    )
+
+    audit = commands.add_parser("audit", help="inspect the hash-chained audit log")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    verify = audit_commands.add_parser(
+        "verify",
+        help="check the audit chain",
+        description="Recompute every hash of the audit log. Prints "
+        "'OK <n> entries' or the first line that breaks the chain (exit 1).",
+    )
+    source = verify.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="the node's config.toml (log = storage.dir/audit.jsonl)")
+    source.add_argument("--log", type=Path, help="path of an audit log")
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from target_owner_node.scaffold import init_node
+
+    canaries = None
+    if args.canary_file is not None:
+        canaries = [
+            line.strip() for line in args.canary_file.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
+    try:
+        result = init_node(
+            args.dir,
+            testbed=args.testbed,
+            server_names=args.server_names,
+            client_name=args.client_name,
+            epsilon=args.epsilon,
+            dp_enabled=not args.no_dp,
+            canaries=canaries,
+        )
+    except (FileExistsError, ValueError, KeyError) as error:
+        return _fail(str(error))
+    print(f"wrote {result.config_path}")
+    print(f"wrote {result.heldout_path} (private held-out feedback split)")
+    print(f"wrote {result.test_path} (test split)")
+    for name, path in sorted(result.owner_files.items()):
+        print(
+            f"wrote {path} ({name}, keep on this machine)" if name != "ca_cert" else f"wrote {path} ({name})"
+        )
+    print("hand these files to the trainer (and nothing else):")
+    for name, path in sorted(result.trainer_files.items()):
+        print(f"  {path}  ({name})")
+    print(f"then run: target-owner-node serve --config {result.config_path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from target_owner_node.config import ConfigError, load_config, split_address
+    from target_owner_node.node import NodeStartupError
+    from target_owner_node.server import start_server
+
+    try:
+        config = load_config(args.config)
+        host, port = split_address(config.server.listen_address)
+        if args.port is not None:
+            port = args.port
+        display_host = f"[{host}]" if ":" in host else host
+        running = start_server(config, f"{display_host}:{port}")
+    except (ConfigError, NodeStartupError, ValueError) as error:
+        return _fail(str(error))
+    except RuntimeError as error:  # grpc reports a failed bind as RuntimeError
+        return _fail(f"could not listen on {config.server.listen_address}: {error}")
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"listening on {display_host}:{running.port}", flush=True)
+    threading.Thread(target=_warm_worker, args=(running,), daemon=True).start()
+    while not stop.wait(0.5):
+        pass
+    running.shutdown()
+    return 0
+
+
+def _warm_worker(running) -> None:
+    """Start the evaluation worker in the background so the first Evaluate is not slow."""
+    start = getattr(running.node.scorer, "start", None)
+    if start is None:
+        return
+    try:
+        start()
+    except Exception:  # noqa: BLE001, S110 - logged by the scorer; evaluation will retry the start
+        pass
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    from target_owner_node.audit import verify_chain
+    from target_owner_node.config import ConfigError, load_config
+    from target_owner_node.node import audit_path
+
+    if args.log is not None:
+        path = args.log
+    else:
+        try:
+            path = audit_path(load_config(args.config))
+        except ConfigError as error:
+            return _fail(str(error))
+    if not path.exists():
+        print(f"OK 0 entries ({path} does not exist yet)")
+        return 0
+    ok, count, bad_line = verify_chain(path)
+    if ok:
+        print(f"OK {count} entries verified in {path}")
+        return 0
+    print(f"FAILED: {path} line {bad_line} breaks the hash chain ({count} entries before it verified)")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "init":
+        return cmd_init(args)
+    if args.command == "serve":
+        return cmd_serve(args)
+    return cmd_audit_verify(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

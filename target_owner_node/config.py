@@ -1,0 +1,368 @@
+"""The owner's configuration: one TOML file, validated once at the edge.
+
+Every error names the setting and says how to fix it, e.g.
+``privacy.delta: must be in (0, 1); got 2``. Relative paths are resolved against the folder
+of the config file, so a node folder can be moved as a whole.
+
+The DP noise multiplier is deliberately NOT a setting: it is derived from
+(epsilon_budget, delta, sample_rate, planned_releases) by calibration, so the owner states
+the guarantee they want and the node works out the noise (see `PrivacyConfig`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
+from rlvr_core.verifiers import verifier_names
+
+PER_EXAMPLE = "per_example"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used. The message lists each bad setting and its fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
+    """Resolve a relative path against the config file's folder (passed as context)."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    value = Path(value).expanduser()
+    if not value.is_absolute() and base is not None:
+        value = Path(base) / value
+    return value
+
+
+class DataConfig(_Section):
+    heldout_path: Path = Field(
+        description="JSONL or parquet file of held-out examples (the private feedback split)."
+    )
+    test_path: Path | None = Field(
+        default=None,
+        description="Optional final test split; setting it enables SPLIT_TEST (exact, not charged).",
+    )
+    min_heldout_size: int = Field(
+        default=100, description="The node refuses to serve a smaller held-out set."
+    )
+    task_description: str = Field(default="", description="Public task card shown to trainers by GetInfo.")
+    answer_format: str = Field(default="", description="Public description of the expected answer format.")
+    prompt_template: str = Field(
+        default=DEFAULT_PROMPT_TEMPLATE,
+        description="How each held-out prompt is rendered; contains {prompt} once.",
+    )
+    verifier: str = Field(
+        default="per_example",
+        description="'per_example' (each row names its verifier) or one verifier name applied to every row.",
+    )
+
+    _paths = field_validator("heldout_path", "test_path", mode="after")(_resolve)
+
+    @field_validator("min_heldout_size")
+    @classmethod
+    def _min_size(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        return validate_template(v)
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier(cls, v: str) -> str:
+        choices = [PER_EXAMPLE, *verifier_names()]
+        if v not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}; got {v!r}")
+        return v
+
+
+class EvaluationConfig(_Section):
+    engine: str = Field(
+        default="transformers", description="Generation engine name (rlvr_core.engines.registry)."
+    )
+    device: str = Field(
+        default="cpu", description="Device the evaluation worker uses, e.g. 'cpu' or 'cuda:0'."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights dtype."
+    )
+    max_new_tokens: int = Field(default=256, description="Cap on DecodingSettings.max_new_tokens.")
+    max_samples_per_prompt: int = Field(
+        default=8, description="Cap on DecodingSettings.samples_per_prompt (k)."
+    )
+    max_candidates_per_query: int = Field(default=8, description="Most checkpoints one Evaluate may compare.")
+    batch_size: int = Field(default=16, description="Prompts per generation batch in the worker.")
+    timeout_s: float = Field(
+        default=1800.0, description="Wall-clock limit for one Evaluate; the worker is restarted past it."
+    )
+    model_cache_size: int = Field(default=2, description="Loaded models the worker keeps (LRU).")
+
+    @field_validator(
+        "max_new_tokens",
+        "max_samples_per_prompt",
+        "max_candidates_per_query",
+        "batch_size",
+        "model_cache_size",
+    )
+    @classmethod
+    def _positive_int(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _positive_time(cls, v: float) -> float:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"must be a positive number of seconds; got {v}")
+        return v
+
+
+class PrivacyConfig(_Section):
+    """Differential privacy of the feedback split.
+
+    Each release is one Poisson-subsampled Gaussian mechanism: every held-out row is kept
+    with probability `sample_rate`, per-prompt scores in [0, 1] are summed per candidate,
+    Gaussian noise with std = noise_multiplier is added to each sum, and the sum is divided
+    by the public expected size sample_rate * N. The noise multiplier is calibrated so that
+    `planned_releases` single-candidate releases spend exactly `epsilon_budget` at `delta`.
+    """
+
+    enabled: bool = Field(
+        default=True,
+        description="false releases exact accuracy (no guarantee). Use only for trusted trainers.",
+    )
+    epsilon_budget: float = Field(default=4.0, description="Total epsilon the node may ever spend.")
+    delta: float = Field(default=1e-6, description="DP delta; must be below 1 / held-out size.")
+    planned_releases: int = Field(
+        default=500, description="Single-candidate releases the budget is calibrated for."
+    )
+    sample_rate: float = Field(
+        default=0.1, description="Poisson sampling rate q in (0, 1]; 1 evaluates every row."
+    )
+    accountant: Literal["rdp", "prv"] = Field(
+        default="rdp", description="Privacy accountant ('rdp' or 'prv')."
+    )
+    per_client_epsilon_cap: float = Field(
+        default=0.0, description="Most epsilon one client may spend; 0 = no cap."
+    )
+
+    @field_validator("epsilon_budget")
+    @classmethod
+    def _epsilon(cls, v: float) -> float:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"must be a positive finite number; got {v}")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError(f"must be in (0, 1); got {v:g}")
+        return v
+
+    @field_validator("planned_releases")
+    @classmethod
+    def _releases(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _rate(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"must be in (0, 1]; got {v:g}")
+        return v
+
+    @field_validator("per_client_epsilon_cap")
+    @classmethod
+    def _cap(cls, v: float) -> float:
+        if not (v >= 0 and math.isfinite(v)):
+            raise ValueError(f"must be 0 (no cap) or a positive number; got {v}")
+        return v
+
+
+class TlsConfig(_Section):
+    ca_cert: Path = Field(description="PEM of the CA that signs trainer (client) certificates.")
+    server_cert: Path = Field(description="PEM certificate the node presents.")
+    server_key: Path = Field(description="PEM private key of server_cert.")
+    require_client_auth: bool = Field(
+        default=True, description="Demand a client certificate signed by ca_cert (mTLS)."
+    )
+
+    _paths = field_validator("ca_cert", "server_cert", "server_key", mode="after")(_resolve)
+
+
+class ServerConfig(_Section):
+    listen_address: str = Field(default="127.0.0.1:50051", description="HOST:PORT to listen on.")
+    insecure: bool = Field(
+        default=False, description="Plaintext, for loopback-only development. Refused on other addresses."
+    )
+    max_workers: int = Field(default=8, description="gRPC handler threads.")
+    shutdown_grace_s: float = Field(
+        default=30.0, description="On SIGTERM, how long in-flight calls may finish."
+    )
+    drain_delay_s: float = Field(
+        default=1.0, description="On SIGTERM, how long health reports NOT_SERVING before the port closes."
+    )
+
+    @field_validator("listen_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        _, port = split_address(v)
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in [0, 65535]; got {port}")
+        return v
+
+    @field_validator("max_workers")
+    @classmethod
+    def _workers(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("shutdown_grace_s", "drain_delay_s")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if not (v >= 0 and math.isfinite(v)):
+            raise ValueError(f"must be a non-negative number of seconds; got {v}")
+        return v
+
+    @field_validator("insecure")
+    @classmethod
+    def _insecure_only_on_loopback(cls, v: bool, info: ValidationInfo) -> bool:
+        address = info.data.get("listen_address")
+        if v and address is not None and not is_loopback(split_address(address)[0]):
+            raise ValueError(
+                f"true is only allowed on a loopback listen_address (127.0.0.1, ::1, localhost); got "
+                f"{address!r}. Plaintext would expose results and uploads: configure [tls] and set insecure = false."
+            )
+        return v
+
+
+class StorageConfig(_Section):
+    dir: Path = Field(description="Folder for checkpoints, the privacy ledger and the audit log.")
+    max_checkpoint_bytes: int = Field(
+        default=8 << 30, description="Largest accepted checkpoint (all files together)."
+    )
+    quota_bytes: int = Field(
+        default=64 << 30, description="Most bytes of checkpoint blobs the node will store."
+    )
+
+    _paths = field_validator("dir", mode="after")(_resolve)
+
+    @field_validator("max_checkpoint_bytes", "quota_bytes")
+    @classmethod
+    def _positive_bytes(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be a positive number of bytes; got {v}")
+        return v
+
+
+class AccessConfig(_Section):
+    allowed_clients: list[str] | None = Field(
+        default=None,
+        description="Client certificate common names allowed to call; unset = any cert the CA signed.",
+    )
+
+
+class OwnerConfig(_Section):
+    data: DataConfig
+    evaluation: EvaluationConfig = EvaluationConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    tls: TlsConfig | None = None
+    server: ServerConfig = ServerConfig()
+    storage: StorageConfig
+    access: AccessConfig = AccessConfig()
+    config_path: Path | None = Field(
+        default=None, exclude=True, description="Where this config was read from."
+    )
+
+    @model_validator(mode="after")
+    def _tls_unless_insecure(self) -> OwnerConfig:
+        if self.tls is None and not self.server.insecure:
+            raise ValueError(
+                "[tls] section is required (ca_cert, server_cert, server_key) unless server.insecure = true"
+            )
+        return self
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port). Raises ValueError naming the expected form."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"must look like HOST:PORT (e.g. 127.0.0.1:50051); got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            lines.append(
+                f"  {where}: unknown setting; check its spelling and section (see `target-owner-node init`)"
+            )
+        elif kind == "missing":
+            lines.append(f"  {where}: required; add it to the config")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            if kind.startswith(("int_", "float_", "bool_", "string_", "path_", "literal_")):
+                message = f"{message}; got {item.get('input')!r}"
+            lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<dict>") -> OwnerConfig:
+    """Validate a config mapping; relative paths resolve against `base_dir`."""
+    try:
+        return OwnerConfig.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as error:
+        raise ConfigError(_format_errors(error, source)) from None
+
+
+def load_config(path: str | Path) -> OwnerConfig:
+    """Read and validate a TOML config file. Raises ConfigError naming every bad setting."""
+    path = Path(path).expanduser().resolve()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file not found: {path} (create one with `target-owner-node init DIR`)"
+        ) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    config = parse_config(raw, path.parent, str(path))
+    return config.model_copy(update={"config_path": path})

@@ -1,0 +1,177 @@
+"""The server's handle on the evaluation worker process (see worker.py).
+
+`Scorer` is the one interface the release logic depends on: given checkpoint folders, row
+indices of a split and decoding settings, return a (num_candidates, num_rows) array of
+per-row scores in [0, 1]. `WorkerScorer` runs it in a long-lived spawned process,
+restarts that process after a crash or timeout, and turns every failure into a
+ProtocolError with a generic message.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+
+from protocol import errors
+from protocol.errors import ProtocolError
+from target_owner_node.evaluate_request import Decoding
+from target_owner_node.logs import log_event
+from target_owner_node.worker import MODEL_LOAD_FAILED, WorkerSpec, worker_main
+
+WORKER_START_TIMEOUT_S = 600.0
+
+
+class Scorer(Protocol):
+    def score(
+        self, split: str, checkpoints: Sequence[tuple[str, Path]], indices: np.ndarray, decoding: Decoding
+    ) -> np.ndarray:
+        """Per-row scores, shape (len(checkpoints), len(indices)), values in [0, 1]."""
+
+    def close(self) -> None: ...
+
+
+def evaluation_failed(code: grpc.StatusCode, message: str) -> ProtocolError:
+    return ProtocolError(code, errors.EVALUATION_FAILED, message)
+
+
+class WorkerScorer:
+    """Runs scoring in one spawned worker process; one evaluation at a time."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        timeout_s: float,
+        expected_sizes: dict[str, int],
+        target: Callable[[Any, WorkerSpec], None] = worker_main,
+    ) -> None:
+        """`target` is the worker's entry point (a module-level function; tests pass a fake)."""
+        self.spec = spec
+        self.target = target
+        self.timeout_s = timeout_s
+        self.expected_sizes = expected_sizes
+        self._lock = threading.Lock()
+        self._process = None
+        self._conn = None
+        self._context = multiprocessing.get_context("spawn")
+
+    def start(self) -> None:
+        """Start the worker now (otherwise it starts on the first evaluation)."""
+        with self._lock:
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            return
+        self._stop_process()
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=self.target, args=(child, self.spec), daemon=True, name="owner-eval"
+        )
+        process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        if not parent.poll(WORKER_START_TIMEOUT_S):
+            self._stop_process()
+            raise evaluation_failed(
+                grpc.StatusCode.UNAVAILABLE, "the evaluation worker did not start; retry later"
+            )
+        try:
+            status, payload = parent.recv()
+        except (EOFError, OSError):
+            self._stop_process()
+            raise evaluation_failed(
+                grpc.StatusCode.UNAVAILABLE, "the evaluation worker did not start; retry later"
+            )
+        if status != "ready":
+            self._stop_process()
+            log_event("worker_failed", stage=str(payload))
+            raise evaluation_failed(
+                grpc.StatusCode.INTERNAL, "the evaluation worker could not load the owner's data"
+            )
+        sizes = {"feedback": payload["heldout_size"], "test": payload["test_size"]}
+        if any(sizes[split] != size for split, size in self.expected_sizes.items()):
+            self._stop_process()
+            log_event("worker_failed", stage="data_changed")
+            raise evaluation_failed(
+                grpc.StatusCode.INTERNAL,
+                "the owner's data changed since the node started; the owner must restart it",
+            )
+        log_event("worker_started", pid=process.pid)
+
+    def score(
+        self, split: str, checkpoints: Sequence[tuple[str, Path]], indices: np.ndarray, decoding: Decoding
+    ) -> np.ndarray:
+        if len(indices) == 0:
+            return np.zeros((len(checkpoints), 0))
+        with self._lock:
+            self._ensure_started()
+            request = (
+                "score",
+                split,
+                [(cid, str(path)) for cid, path in checkpoints],
+                [int(i) for i in indices],
+                decoding.to_json(),
+            )
+            try:
+                self._conn.send(request)
+                ready = self._conn.poll(self.timeout_s)
+                reply = self._conn.recv() if ready else None
+            except (EOFError, OSError, BrokenPipeError):
+                reply = None
+                ready = True
+            if reply is None:
+                timed_out = not ready
+                log_event("worker_restart", reason="timeout" if timed_out else "crash")
+                self._stop_process()
+                raise evaluation_failed(
+                    grpc.StatusCode.UNAVAILABLE,
+                    (
+                        "the evaluation timed out"
+                        if timed_out
+                        else "the evaluation worker stopped unexpectedly"
+                    )
+                    + "; it was restarted. Retrying with the same request_id costs no extra privacy budget.",
+                )
+        status, payload = reply
+        if status != "ok":
+            if payload == MODEL_LOAD_FAILED:
+                raise evaluation_failed(
+                    grpc.StatusCode.INTERNAL, "a checkpoint could not be loaded by the evaluator"
+                )
+            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
+        scores = np.asarray(payload, dtype=np.float64)
+        if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
+            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
+        return np.clip(scores, 0.0, 1.0)
+
+    def _stop_process(self) -> None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            try:
+                conn.send(("stop",))
+            except (OSError, BrokenPipeError):
+                pass
+            conn.close()
+        if process is not None:
+            process.join(timeout=2)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the worker. An evaluation still running after `wait_s` is cut short (its
+        caller gets UNAVAILABLE; a charged release stays retryable at no extra cost)."""
+        if self._lock.acquire(timeout=wait_s):
+            try:
+                self._stop_process()
+            finally:
+                self._lock.release()
+        elif self._process is not None:
+            self._process.kill()

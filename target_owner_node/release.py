@@ -1,0 +1,283 @@
+"""One Evaluate request -> one release. Three kinds:
+
+* DP feedback (privacy.enabled): a fresh secret Poisson subsample of the held-out rows
+  (each kept with probability q), every candidate scored on that same subsample with the
+  same decoding seed, per-candidate sums + Gaussian noise (std z on each sum), divided by
+  the PUBLIC expected size q*N. Order of effects, so that no crash can undercount:
+      check budget + write PENDING (subsample, noise, charge) to the ledger, fsync
+      -> evaluate -> write COMPLETED (values), fsync -> audit -> respond.
+  A retry with the same request_id returns the recorded values; a retry of a release that
+  was charged but never completed re-runs it with the stored subsample and noise.
+* Exact feedback (privacy disabled): mean over every held-out row, nothing charged.
+* Test split (only when configured): exact mean over the whole test split plus per-domain
+  means; never charged (it is not the private feedback split), always audited.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from protocol import errors
+from protocol.errors import ProtocolError, invalid
+from protocol.privacy.mechanisms import replay_release
+from target_owner_node.audit import AuditLog
+from target_owner_node.budget import Charge, PrivacyBudget, to_record
+from target_owner_node.checkpoint_store import CheckpointStore
+from target_owner_node.evaluate_request import FEEDBACK, TEST, EvaluateInputs
+from target_owner_node.evaluator import Scorer
+from target_owner_node.heldout import SplitFacts
+from target_owner_node.ledger import LedgerRelease, PendingRelease
+from target_owner_node.logs import log_event
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    release_id: str
+    checkpoint_ids: tuple[str, ...]
+    values: tuple[float, ...]
+    domain_accuracy: tuple[dict[str, float], ...] = ()
+    noise_std: float = 0.0
+    epsilon_this_release: float = 0.0
+    epsilon_spent_total: float = 0.0
+    epsilon_remaining: float = 0.0
+    delta: float = 0.0
+
+
+@dataclass
+class ReleaseService:
+    """Turns validated requests into releases. Thread-safe."""
+
+    facts: SplitFacts
+    store: CheckpointStore
+    scorer: Scorer
+    audit: AuditLog
+    budget: PrivacyBudget | None  # None when privacy is disabled
+    random_source: object | None = None  # SecureRandom-like: normal(std, size), bernoulli_mask(n, p)
+    _request_locks: dict = field(default_factory=lambda: defaultdict(threading.Lock), init=False)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    # -- public numbers ----------------------------------------------------------------------
+    @property
+    def expected_size(self) -> float:
+        """The public release denominator q * N."""
+        rate = self.budget.privacy.sample_rate if self.budget else 1.0
+        return rate * self.facts.heldout_size
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the noise on each released accuracy: z / (q N)."""
+        return self.budget.noise_multiplier / self.expected_size if self.budget else 0.0
+
+    # -- entry point -----------------------------------------------------------------------
+    def evaluate(self, client: str, request: EvaluateInputs) -> ReleaseResult:
+        if request.split == TEST:
+            return self._exact(client, request, TEST)
+        if self.budget is None:
+            return self._exact(client, request, FEEDBACK)
+        if not request.request_id:
+            return self._dp_release(client, request)
+        with self._lock_for(client, request.request_id):
+            return self._dp_release(client, request)
+
+    def _lock_for(self, client: str, request_id: str) -> threading.Lock:
+        # Serialises retries of one request so a concurrent duplicate waits and then replays.
+        with self._locks_guard:
+            return self._request_locks[(client, request_id)]
+
+    # -- DP feedback -----------------------------------------------------------------------
+    def _dp_release(self, client: str, request: EvaluateInputs) -> ReleaseResult:
+        budget = self.budget
+        with budget.lock:
+            existing = budget.ledger.find(client, request.request_id)
+            if existing is not None:
+                if existing.pending.request_fingerprint != request.fingerprint():
+                    raise invalid(
+                        errors.INVALID_REQUEST,
+                        "request_id was already used for a different request; use a fresh request_id",
+                    )
+                if existing.completed:
+                    self.audit.append(
+                        "release_replayed",
+                        client=client,
+                        release_id=existing.pending.release_id,
+                        request_id=request.request_id,
+                    )
+                    log_event("release_replayed", client=client, release_id=existing.pending.release_id)
+                    return self._result_of(existing)
+                pending = existing.pending
+                log_event("release_resumed", client=client, release_id=pending.release_id)
+            else:
+                pending = self._charge(client, request)
+        values = self._evaluate_pending(pending)
+        budget.ledger.append_completed(pending.release_id, values)
+        result = self._result_of(LedgerRelease(pending, values))
+        self._audit_release(client, request, result)
+        return result
+
+    def _charge(self, client: str, request: EvaluateInputs) -> PendingRelease:
+        budget = self.budget
+        num_candidates = len(request.checkpoint_ids)
+        event = budget.event_for(num_candidates)
+        n, rate = self.facts.heldout_size, budget.privacy.sample_rate
+        source = self._source()
+
+        def make_pending(charge: Charge) -> PendingRelease:
+            # The subsample and the noise are drawn before evaluation and stored with the charge,
+            # so a crash-and-retry releases exactly what was paid for.
+            mask = (
+                np.asarray(source.bernoulli_mask(n, rate), dtype=bool) if rate < 1 else np.ones(n, dtype=bool)
+            )
+            noise = np.asarray(source.normal(budget.noise_multiplier, num_candidates), dtype=np.float64)
+            return PendingRelease(
+                release_id=uuid.uuid4().hex,
+                request_id=request.request_id,
+                client=client,
+                time=time.time(),
+                request_fingerprint=request.fingerprint(),
+                checkpoint_ids=request.checkpoint_ids,
+                decoding=request.decoding.to_json(),
+                event=to_record(event),
+                epsilon_before=charge.epsilon_before,
+                epsilon_total_after=charge.epsilon_after,
+                client_epsilon_after=charge.client_epsilon_after,
+                heldout_size=n,
+                expected_size=rate * n,
+                noise_std_sum=budget.noise_multiplier,
+                mask=mask,
+                noise_draws=noise.reshape(num_candidates),
+            )
+
+        try:
+            pending = budget.charge(client, event, make_pending)
+        except ProtocolError as error:
+            if error.reason in errors.NON_RETRYABLE:
+                self.audit.append(
+                    "release_refused",
+                    client=client,
+                    reason=error.reason,
+                    checkpoint_ids=list(request.checkpoint_ids),
+                    metadata=error.metadata,
+                )
+                log_event("release_refused", client=client, reason=error.reason, **error.metadata)
+            raise
+        log_event(
+            "release_charged",
+            client=client,
+            release_id=pending.release_id,
+            checkpoint_ids=list(request.checkpoint_ids),
+            epsilon_total=pending.epsilon_total_after,
+        )
+        return pending
+
+    def _evaluate_pending(self, pending: PendingRelease) -> tuple[float, ...]:
+        if pending.heldout_size != self.facts.heldout_size:
+            raise ProtocolError(
+                grpc.StatusCode.INTERNAL,
+                errors.EVALUATION_FAILED,
+                "the owner's held-out set changed since this release was charged; it cannot be replayed",
+            )
+        for checkpoint_id in pending.checkpoint_ids:
+            if not self.store.exists(checkpoint_id):
+                raise invalid(errors.UNKNOWN_CHECKPOINT, "a checkpoint of this release is no longer stored")
+        indices = np.flatnonzero(pending.mask)
+        scores = self._score(FEEDBACK, pending.checkpoint_ids, indices, pending.decoding)
+        released = replay_release(scores, pending.expected_size, pending.noise_draws)
+        return tuple(float(v) for v in np.asarray(released).reshape(-1))
+
+    # -- exact releases --------------------------------------------------------------------
+    def _exact(self, client: str, request: EvaluateInputs, split: str) -> ReleaseResult:
+        size = self.facts.heldout_size if split == FEEDBACK else self.facts.test_size
+        indices = np.arange(size)
+        scores = self._score(split, request.checkpoint_ids, indices, request.decoding.to_json())
+        values = tuple(float(v) for v in scores.mean(axis=1))
+        domains: tuple[dict[str, float], ...] = ()
+        if split == TEST:
+            labels = np.asarray(self.facts.test_domains)
+            domains = tuple(
+                {domain: float(row[labels == domain].mean()) for domain in sorted(set(labels.tolist()))}
+                for row in scores
+            )
+        spent = self.budget.spent() if self.budget else 0.0
+        result = ReleaseResult(
+            release_id=uuid.uuid4().hex,
+            checkpoint_ids=request.checkpoint_ids,
+            values=values,
+            domain_accuracy=domains,
+            epsilon_spent_total=spent,
+            epsilon_remaining=self.budget.remaining() if self.budget else 0.0,
+            delta=self.budget.privacy.delta if self.budget else 0.0,
+        )
+        self._audit_release(client, request, result)
+        return result
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _score(self, split: str, checkpoint_ids, indices: np.ndarray, decoding: dict) -> np.ndarray:
+        from target_owner_node.evaluate_request import Decoding
+
+        checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
+        started = time.monotonic()
+        scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
+        log_event(
+            "evaluated",
+            split=split,
+            checkpoint_ids=list(checkpoint_ids),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return scores
+
+    def _source(self):
+        if self.random_source is None:
+            from protocol.privacy.mechanisms import SecureRandom
+
+            self.random_source = SecureRandom()
+        return self.random_source
+
+    def _result_of(self, release: LedgerRelease) -> ReleaseResult:
+        pending = release.pending
+        budget = self.budget.privacy
+        return ReleaseResult(
+            release_id=pending.release_id,
+            checkpoint_ids=pending.checkpoint_ids,
+            values=release.values,
+            noise_std=pending.noise_std_sum / pending.expected_size,
+            epsilon_this_release=max(0.0, pending.epsilon_total_after - pending.epsilon_before),
+            epsilon_spent_total=pending.epsilon_total_after,
+            epsilon_remaining=max(0.0, budget.epsilon_budget - pending.epsilon_total_after),
+            delta=budget.delta,
+        )
+
+    def _audit_release(self, client: str, request: EvaluateInputs, result: ReleaseResult) -> None:
+        checkpoints = {
+            cid: [[e.name, e.sha256] for e in self.store.manifest(cid)] for cid in result.checkpoint_ids
+        }
+        self.audit.append(
+            "release",
+            client=client,
+            release_id=result.release_id,
+            request_id=request.request_id,
+            split=request.split,
+            dp=self.budget is not None and request.split == FEEDBACK,
+            checkpoints=checkpoints,
+            decoding=request.decoding.to_json(),
+            values=list(result.values),
+            domain_accuracy=[dict(d) for d in result.domain_accuracy],
+            noise_std=result.noise_std,
+            epsilon_this_release=result.epsilon_this_release,
+            epsilon_spent_total=result.epsilon_spent_total,
+        )
+        log_event(
+            "released",
+            client=client,
+            release_id=result.release_id,
+            split=request.split,
+            checkpoint_ids=list(result.checkpoint_ids),
+            epsilon_this_release=result.epsilon_this_release,
+            epsilon_spent_total=result.epsilon_spent_total,
+        )

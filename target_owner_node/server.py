@@ -1,0 +1,342 @@
+"""The gRPC face of the node: a thin servicer plus `create_server`.
+
+Each method authorizes the caller (client certificate CN, optional allowlist), validates,
+calls plain functions (checkpoint_store, release, budget), and maps errors:
+ProtocolError -> its status + ErrorInfo; anything unexpected -> INTERNAL with a GENERIC
+message (an exception text could quote held-out data, so it is never sent or logged).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protocol import PROTOCOL_VERSION, errors
+from protocol.errors import ProtocolError
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
+from protocol.validation import ALLOWED_ARCHITECTURES, ALLOWED_JSON_FILES, MAX_CHUNK_BYTES
+from target_owner_node.config import OwnerConfig, is_loopback, split_address
+from target_owner_node.evaluate_request import parse_evaluate_request
+from target_owner_node.logs import log_event
+from target_owner_node.node import OwnerNode, open_node
+from target_owner_node.release import ReleaseResult
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TargetFeedbackService"].full_name
+# Room for one 1 MiB chunk plus the message framing (name, offset, protobuf tags).
+MAX_RECEIVE_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
+INSECURE_IDENTITY = "insecure-loopback"
+# errors.py has no generic-internal reason; unexpected failures reuse EVALUATION_FAILED.
+INTERNAL_REASON = errors.EVALUATION_FAILED
+_VERIFIER_KINDS = {
+    "per_example": pb.VERIFIER_KIND_PER_EXAMPLE,
+    "exact_match": pb.VERIFIER_KIND_EXACT_MATCH,
+    "math_verify": pb.VERIFIER_KIND_MATH_VERIFY,
+    "reasoning_gym": pb.VERIFIER_KIND_REASONING_GYM,
+}
+
+
+def _peer_identity(context: grpc.ServicerContext) -> str | None:
+    from protocol.tls import peer_identity
+
+    return peer_identity(context)
+
+
+class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
+    def __init__(self, node: OwnerNode) -> None:
+        self.node = node
+        self.config = node.config
+        self.shutting_down = threading.Event()
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _authorize(self, context: grpc.ServicerContext) -> str:
+        if self.config.server.insecure:
+            return INSECURE_IDENTITY
+        identity = _peer_identity(context)
+        if not identity:
+            raise ProtocolError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                errors.CLIENT_NOT_AUTHENTICATED,
+                "a client certificate signed by the owner's CA is required",
+            )
+        allowed = self.config.access.allowed_clients
+        if allowed is not None and identity not in allowed:
+            raise ProtocolError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                errors.CLIENT_NOT_ALLOWED,
+                f"client {identity!r} is not on this node's allowlist; ask the owner to add it",
+            )
+        return identity
+
+    def _handle(self, method: str, context: grpc.ServicerContext, body: Callable[[str], Any]) -> Any:
+        started = time.monotonic()
+        client = None
+        try:
+            if self.shutting_down.is_set():
+                raise ProtocolError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    errors.SHUTTING_DOWN,
+                    "the node is shutting down; retry later",
+                )
+            client = self._authorize(context)
+            response = body(client)
+            log_event(
+                "rpc", method=method, client=client, ok=True, seconds=round(time.monotonic() - started, 3)
+            )
+            return response
+        except ProtocolError as error:
+            status_error = error
+        except Exception as error:  # noqa: BLE001 - mapped to a generic INTERNAL, text never sent
+            log_event("rpc_internal_error", method=method, client=client, type=type(error).__name__)
+            status_error = ProtocolError(
+                grpc.StatusCode.INTERNAL, INTERNAL_REASON, "internal error on the target owner's node"
+            )
+        log_event(
+            "rpc",
+            method=method,
+            client=client,
+            ok=False,
+            code=status_error.code.name,
+            reason=status_error.reason,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        context.abort_with_status(status_error.to_status())
+
+    # -- methods ---------------------------------------------------------------------------
+    def GetInfo(self, request: pb.GetInfoRequest, context: grpc.ServicerContext) -> pb.GetInfoResponse:
+        return self._handle("GetInfo", context, lambda client: info_response(self.node))
+
+    def UploadCheckpoint(
+        self, request_iterator, context: grpc.ServicerContext
+    ) -> pb.UploadCheckpointResponse:
+        def body(client: str) -> pb.UploadCheckpointResponse:
+            result = self.node.store.receive(iter(request_iterator))
+            manifest = self.node.store.manifest(result.checkpoint_id)
+            self.node.audit.append(
+                "upload",
+                client=client,
+                checkpoint_id=result.checkpoint_id,
+                files=[[e.name, e.size, e.sha256] for e in manifest],
+                bytes_received=result.bytes_received,
+                reused_files=list(result.reused_files),
+            )
+            log_event(
+                "upload",
+                client=client,
+                checkpoint_id=result.checkpoint_id,
+                bytes_received=result.bytes_received,
+                reused=len(result.reused_files),
+            )
+            return pb.UploadCheckpointResponse(
+                checkpoint_id=result.checkpoint_id,
+                bytes_received=result.bytes_received,
+                reused_files=list(result.reused_files),
+            )
+
+        return self._handle("UploadCheckpoint", context, body)
+
+    def Evaluate(self, request: pb.EvaluateRequest, context: grpc.ServicerContext) -> pb.EvaluateResponse:
+        def body(client: str) -> pb.EvaluateResponse:
+            inputs = parse_evaluate_request(
+                request,
+                self.config.evaluation,
+                self.node.facts.test_domains is not None,
+                self.node.store.exists,
+            )
+            return evaluate_response(self.node.releases.evaluate(client, inputs))
+
+        return self._handle("Evaluate", context, body)
+
+    def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
+        return self._handle("GetBudget", context, lambda client: budget_response(self.node, client))
+
+
+# -- responses (plain functions of public state) ---------------------------------------------
+def info_response(node: OwnerNode) -> pb.GetInfoResponse:
+    config, facts = node.config, node.facts
+    privacy = config.privacy
+    releases = node.releases
+    privacy_pb = pb.PrivacyParameters(enabled=privacy.enabled, expected_sample_size=float(facts.heldout_size))
+    if privacy.enabled:
+        privacy_pb = pb.PrivacyParameters(
+            enabled=True,
+            epsilon_budget=privacy.epsilon_budget,
+            delta=privacy.delta,
+            planned_releases=privacy.planned_releases,
+            sample_rate=privacy.sample_rate,
+            noise_multiplier=node.noise_multiplier,
+            accountant=privacy.accountant,
+            expected_sample_size=releases.expected_size,
+            noise_std=releases.noise_std,
+            per_client_epsilon_cap=privacy.per_client_epsilon_cap,
+        )
+    evaluation = config.evaluation
+    return pb.GetInfoResponse(
+        protocol_version=PROTOCOL_VERSION,
+        task_description=config.data.task_description,
+        answer_format=config.data.answer_format,
+        verifier_kind=_VERIFIER_KINDS.get(config.data.verifier, pb.VERIFIER_KIND_UNSPECIFIED),
+        heldout_size=facts.heldout_size,
+        privacy=privacy_pb,
+        decoding_limits=pb.DecodingLimits(
+            max_new_tokens=evaluation.max_new_tokens,
+            max_samples_per_prompt=evaluation.max_samples_per_prompt,
+            max_candidates_per_query=evaluation.max_candidates_per_query,
+        ),
+        upload_limits=pb.UploadLimits(
+            max_checkpoint_bytes=config.storage.max_checkpoint_bytes,
+            max_chunk_bytes=MAX_CHUNK_BYTES,
+            allowed_architectures=list(ALLOWED_ARCHITECTURES),
+            allowed_file_names=sorted(ALLOWED_JSON_FILES)
+            + ["model.safetensors", "model-NNNNN-of-NNNNN.safetensors"],
+        ),
+        prompt_template=config.data.prompt_template,
+        test_split_enabled=facts.test_domains is not None,
+        test_size=facts.test_size,
+    )
+
+
+def evaluate_response(result: ReleaseResult) -> pb.EvaluateResponse:
+    domains = result.domain_accuracy or tuple({} for _ in result.values)
+    return pb.EvaluateResponse(
+        results=[
+            pb.CandidateResult(checkpoint_id=cid, accuracy=value, domain_accuracy=domain)
+            for cid, value, domain in zip(result.checkpoint_ids, result.values, domains)
+        ],
+        privacy=pb.PrivacySpend(
+            noise_std=result.noise_std,
+            epsilon_this_release=result.epsilon_this_release,
+            epsilon_spent_total=result.epsilon_spent_total,
+            epsilon_remaining=result.epsilon_remaining,
+            delta=result.delta,
+        ),
+        release_id=result.release_id,
+    )
+
+
+def budget_response(node: OwnerNode, client: str) -> pb.GetBudgetResponse:
+    budget = node.budget
+    if budget is None:
+        return pb.GetBudgetResponse(dp_enabled=False)
+    privacy = budget.privacy
+    return pb.GetBudgetResponse(
+        dp_enabled=True,
+        epsilon_budget=privacy.epsilon_budget,
+        epsilon_spent=budget.spent(),
+        epsilon_remaining=budget.remaining(),
+        delta=privacy.delta,
+        releases_made=budget.releases_made,
+        releases_remaining_estimate=budget.releases_remaining_estimate(),
+        client_epsilon_spent=budget.client_spent(client),
+        client_epsilon_cap=privacy.per_client_epsilon_cap,
+    )
+
+
+# -- server ---------------------------------------------------------------------------------
+@dataclass
+class RunningServer:
+    """A started server and what is needed to drain it."""
+
+    server: grpc.Server
+    port: int
+    node: OwnerNode
+    servicer: TargetFeedbackServicer
+    health: health.HealthServicer
+
+    def shutdown(self, grace_s: float | None = None, drain_delay_s: float | None = None) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight calls finish, stop the worker."""
+        settings = self.node.config.server
+        grace_s = settings.shutdown_grace_s if grace_s is None else grace_s
+        drain_delay_s = settings.drain_delay_s if drain_delay_s is None else drain_delay_s
+        self.servicer.shutting_down.set()
+        self.health.enter_graceful_shutdown()
+        log_event("shutting_down", grace_s=grace_s)
+        if drain_delay_s > 0:
+            time.sleep(drain_delay_s)  # lets health checkers see NOT_SERVING before the port closes
+        self.server.stop(grace_s).wait()
+        self.node.close()
+        log_event("stopped")
+
+
+def _server_credentials(config: OwnerConfig) -> grpc.ServerCredentials:
+    from protocol.tls import server_credentials
+
+    tls = config.tls
+    return server_credentials(
+        tls.ca_cert.read_bytes(),
+        tls.server_cert.read_bytes(),
+        tls.server_key.read_bytes(),
+        require_client_auth=tls.require_client_auth,
+    )
+
+
+def start_server(
+    config: OwnerConfig,
+    address: str | None = None,
+    *,
+    scorer: Any = None,
+    random_source: Any = None,
+) -> RunningServer:
+    """Open the node (all startup checks), bind `address` (default: config) and start serving."""
+    address = address or config.server.listen_address
+    if config.server.insecure and not is_loopback(split_address(address)[0]):
+        raise ValueError(f"server.insecure: plaintext is only allowed on loopback addresses; got {address!r}")
+    node = open_node(config, scorer=scorer, random_source=random_source)
+    try:
+        interceptors = []
+        if not config.server.insecure:
+            from protocol.tls import ClientCertificatePolicy
+
+            # Checks clientAuth usage and validity on every call, and the CN allowlist.
+            interceptors.append(ClientCertificatePolicy(config.access.allowed_clients))
+        server = grpc.server(
+            _executor(config.server.max_workers),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        servicer = TargetFeedbackServicer(node)
+        pb_grpc.add_TargetFeedbackServiceServicer_to_server(servicer, server)
+        health_servicer = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if config.server.insecure:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, _server_credentials(config))
+        if port == 0:
+            raise OSError(f"could not bind {address}")
+        server.start()
+    except BaseException:
+        node.close()
+        raise
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log_event(
+        "listening",
+        address=address,
+        port=port,
+        heldout_size=node.facts.heldout_size,
+        dp=config.privacy.enabled,
+        noise_multiplier=node.noise_multiplier,
+    )
+    return RunningServer(server, port, node, servicer, health_servicer)
+
+
+def create_server(config: OwnerConfig, address: str | None = None, **kwargs: Any) -> tuple[grpc.Server, int]:
+    """gRPC-example style entry: a started server and its bound port (use port 0 in tests)."""
+    running = start_server(config, address, **kwargs)
+    return running.server, running.port
+
+
+def _executor(max_workers: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="owner-rpc")

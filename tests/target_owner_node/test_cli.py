@@ -1,0 +1,149 @@
+"""The `target-owner-node` command: serve as a subprocess (SIGKILL durability, SIGTERM drain),
+startup refusals with clear messages, and --help."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from target_owner_node.cli import main
+
+from .conftest import RecordingClient, config_dict, read_jsonl, write_toml
+
+
+def _spawn(config_path: Path, log_path: Path) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "target_owner_node.cli", "serve", "--config", str(config_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=log_path.open("ab"),
+        text=True,
+        start_new_session=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("listening on "), (
+        f"serve did not start: {line!r}; log: {log_path.read_text()[-2000:]}"
+    )
+    return process, int(line.rsplit(":", 1)[1])
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_spend_survives_sigkill_and_sigterm_drains(tmp_path, data_dir, pki, tiny_checkpoint):
+    """SIGKILL the whole node (server + worker, like a power cut) right after the ledger
+    write, mid-evaluation: after a restart the spend is still there. Then SIGTERM drains."""
+    raw = config_dict(
+        tmp_path,
+        data_dir,
+        pki,
+        privacy={"planned_releases": 5, "epsilon_budget": 1.0},
+        server={"drain_delay_s": 1.5, "shutdown_grace_s": 5.0},
+    )
+    config_path = write_toml(tmp_path / "config.toml", raw)
+    log_path = tmp_path / "serve.log"
+    ledger = tmp_path / "storage" / "privacy_ledger.jsonl"
+    process, port = _spawn(config_path, log_path)
+    client = RecordingClient(port, pki)
+    try:
+        checkpoint_id = client.upload_dir(tiny_checkpoint).checkpoint_id
+        call = client.channel.unary_unary(
+            "/target_feedback.v1.TargetFeedbackService/Evaluate",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.EvaluateResponse.FromString,
+        ).future(
+            pb.EvaluateRequest(
+                checkpoint_ids=[checkpoint_id],
+                request_id="before-kill",
+                decoding=pb.DecodingSettings(max_new_tokens=4, samples_per_prompt=1),
+            )
+        )
+        _wait_for(lambda: ledger.exists() and ledger.read_text().endswith("\n"))
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        with pytest.raises(grpc.RpcError):
+            call.result(timeout=30)
+    finally:
+        client.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert [entry["type"] for entry in read_jsonl(ledger)] == ["pending"]
+
+    process, port = _spawn(config_path, log_path)
+    client = RecordingClient(port, pki)
+    try:
+        budget = client.budget()
+        assert budget.epsilon_spent > 0 and budget.releases_made == 1
+        assert budget.epsilon_spent == pytest.approx(read_jsonl(ledger)[0]["epsilon_total_after"])
+        health = health_pb2_grpc.HealthStub(client.channel)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        assert process.wait(timeout=30) == 0
+    finally:
+        client.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    log = log_path.read_text()
+    assert "CANARY" not in log and '"event": "stopped"' in log
+    assert main(["audit", "verify", "--config", str(config_path)]) == 0
+
+
+def test_serve_refusals_are_clear(tmp_path, data_dir, pki, capsys):
+    raw = config_dict(tmp_path, data_dir, pki, data={"min_heldout_size": 500})
+    config_path = write_toml(tmp_path / "config.toml", raw)
+    assert main(["serve", "--config", str(config_path)]) == 2
+    assert "data.min_heldout_size is 500" in capsys.readouterr().err
+    raw = config_dict(tmp_path, data_dir, pki, privacy={"delta": 2.0})
+    assert main(["serve", "--config", str(write_toml(tmp_path / "bad.toml", raw))]) == 2
+    assert "privacy.delta: must be in (0, 1); got 2" in capsys.readouterr().err
+
+
+def test_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "init" in text and "serve" in text and "audit" in text and "Typical first run" in text
+
+
+def test_init_writes_a_servable_node(tmp_path, capsys):
+    from target_owner_node.config import load_config
+    from target_owner_node.heldout import load_split, split_facts
+
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text("CANARYinit0001\nCANARYinit0002\n")
+    node = tmp_path / "node"
+    assert (
+        main(["init", str(node), "--testbed", "small", "--epsilon", "2.5", "--canary-file", str(canaries)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "client.pem" in out and "client.key" in out and "ca.pem" in out
+    config = load_config(node / "config.toml")
+    assert config.privacy.epsilon_budget == 2.5 and config.access.allowed_clients == ["trainer"]
+    assert config.tls.server_key == node / "pki" / "server.key" and (node / "storage").is_dir()
+    facts = split_facts(
+        config.data.heldout_path, config.data.test_path, "per_example", config.data.min_heldout_size
+    )
+    assert facts.heldout_size >= 100 and facts.test_size > 0
+    heldout = load_split(config.data.heldout_path, "per_example")
+    assert "CANARYinit0001" in heldout[0].prompt and "CANARYinit0002" in heldout[1].answer
+    assert oct((node / "pki" / "server.key").stat().st_mode & 0o777) == "0o600"
+    assert main(["init", str(node)]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""Config validation: every error names the field and the fix; paths resolve next to the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from target_owner_node.config import ConfigError, load_config, parse_config
+
+MINIMAL = """
+[data]
+heldout_path = "heldout.jsonl"
+[storage]
+dir = "storage"
+[tls]
+ca_cert = "pki/ca.pem"
+server_cert = "pki/server.pem"
+server_key = "pki/server.key"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_minimal_config_gets_defaults_and_resolves_paths(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL))
+    assert config.data.heldout_path == tmp_path / "heldout.jsonl"
+    assert config.storage.dir == tmp_path / "storage"
+    assert config.tls.ca_cert == tmp_path / "pki" / "ca.pem"
+    assert config.privacy.enabled and config.privacy.accountant == "rdp"
+    assert config.server.insecure is False and config.tls.require_client_auth is True
+
+
+@pytest.mark.parametrize(
+    "section, line, expected",
+    [
+        ("privacy", "delta = 2", "privacy.delta: must be in (0, 1); got 2"),
+        ("privacy", "epsilon_budget = -1", "privacy.epsilon_budget: must be a positive"),
+        ("privacy", "sample_rate = 0", "privacy.sample_rate: must be in (0, 1]"),
+        ("privacy", 'accountant = "gdp"', "privacy.accountant"),
+        ("privacy", "noise_multiplier = 1.0", "privacy.noise_multiplier: unknown setting"),
+        (
+            "evaluation",
+            "max_candidates_per_query = 0",
+            "evaluation.max_candidates_per_query: must be at least 1",
+        ),
+        ("server", 'listen_address = "nope"', "server.listen_address: must look like HOST:PORT"),
+        ("data", 'verifier = "regex"', "data.verifier: must be one of per_example"),
+    ],
+)
+def test_errors_name_the_field(tmp_path, section, line, expected):
+    text = (
+        MINIMAL + f"\n[{section}]\n{line}\n"
+        if f"[{section}]" not in MINIMAL
+        else MINIMAL.replace(f"[{section}]", f"[{section}]\n{line}")
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_path, text))
+    assert expected in str(caught.value)
+
+
+def test_missing_required_setting_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.heldout_path: required"):
+        load_config(_write(tmp_path, MINIMAL.replace('heldout_path = "heldout.jsonl"', "")))
+
+
+def test_insecure_refused_off_loopback_and_tls_required_otherwise(tmp_path):
+    raw = {
+        "data": {"heldout_path": "h.jsonl"},
+        "storage": {"dir": "s"},
+        "server": {"listen_address": "0.0.0.0:50051", "insecure": True},
+    }
+    with pytest.raises(ConfigError, match=r"server\.insecure: true is only allowed on a loopback"):
+        parse_config(raw, tmp_path)
+    raw["server"]["listen_address"] = "127.0.0.1:50051"
+    assert parse_config(raw, tmp_path).server.insecure
+    del raw["server"]
+    with pytest.raises(ConfigError, match=r"\[tls\] section is required"):
+        parse_config(raw, tmp_path)
+
+
+def test_missing_file_and_bad_toml_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_write(tmp_path, "[data\n"))

@@ -1,0 +1,246 @@
+"""Releases without gRPC: noise calibration, budget, idempotency, crash recovery, concurrency.
+
+A FakeScorer gives every row of a checkpoint the same score, so a release's only randomness
+is the subsample and the noise (SeededRandom makes them reproducible).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from protocol import errors
+from protocol.errors import ProtocolError
+from protocol.privacy.accountants import build_accountant
+from protocol.privacy.events import SampledGaussianEvent
+from protocol.privacy.mechanisms import SeededRandom, replay_release
+from target_owner_node.evaluate_request import FEEDBACK, TEST, Decoding, EvaluateInputs
+from target_owner_node.ledger import LEDGER_FILE
+from target_owner_node.node import open_node
+
+from .conftest import HELDOUT_SIZE, FakeScorer, make_config, read_jsonl, upload_messages
+
+DECODING = Decoding(max_new_tokens=4, samples_per_prompt=1, temperature=0.0, seed=1)
+
+
+def request(ids, request_id="", split=FEEDBACK) -> EvaluateInputs:
+    return EvaluateInputs(tuple(ids), DECODING, split, request_id)
+
+
+@pytest.fixture()
+def node_factory(tmp_path, data_dir, pki, tiny_checkpoint):
+    """open_node(config) on one storage folder; reopening it simulates a restart."""
+    opened = []
+
+    def open_(privacy=None, scorer=None, seed=0, **sections):
+        config = make_config(tmp_path, data_dir, pki, privacy=privacy or {}, **sections)
+        node = open_node(config, scorer=scorer or FakeScorer(), random_source=SeededRandom(seed))
+        opened.append(node)
+        return node
+
+    yield open_
+    for node in opened:
+        node.close()
+
+
+def _upload(node, tiny_checkpoint) -> str:
+    return node.store.receive(upload_messages(tiny_checkpoint)).checkpoint_id
+
+
+def _second_checkpoint(node, tiny_checkpoint, tmp_path) -> str:
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_checkpoint, other)
+    (other / "generation_config.json").write_text('{"do_sample": false}')
+    return node.store.receive(upload_messages(other)).checkpoint_id
+
+
+def test_noise_std_matches_calibration_and_budget_ends_on_time(node_factory, tiny_checkpoint):
+    """q = 1: released = true mean + N(0, z/N). `planned_releases` releases fit; one more does not."""
+    planned = 150
+    node = node_factory(privacy={"sample_rate": 1.0, "planned_releases": planned, "epsilon_budget": 2.0})
+    cid = _upload(node, tiny_checkpoint)
+    z = node.noise_multiplier
+    values = np.array([node.releases.evaluate("trainer", request([cid])).values[0] for _ in range(planned)])
+    expected_std = z / HELDOUT_SIZE
+    errors_ = values - 0.5
+    assert abs(errors_.mean()) < 4 * expected_std / np.sqrt(planned)
+    # chi-square bounds on the sample variance (about 4 sigma for 150 draws)
+    ratio = errors_.var(ddof=1) / expected_std**2
+    assert 0.55 < ratio < 1.5, ratio
+    with pytest.raises(ProtocolError) as caught:
+        node.releases.evaluate("trainer", request([cid]))
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.reason == errors.PRIVACY_BUDGET_EXHAUSTED
+    assert float(caught.value.metadata["limit"]) == 2.0
+    assert float(caught.value.metadata["spent"]) <= 2.0 + 1e-9
+
+
+def test_subsampled_release_divides_the_subsample_sum_by_the_public_expected_size(
+    node_factory, tiny_checkpoint
+):
+    """q < 1: each release scores a fresh Poisson subsample of size m (secret) and releases
+    clip((score * m + noise) / (q N)); m itself never appears in the response."""
+    q, score = 0.2, 0.5
+    node = node_factory(privacy={"sample_rate": q, "planned_releases": 100, "epsilon_budget": 3.0})
+    cid = _upload(node, tiny_checkpoint)
+    values = [node.releases.evaluate("trainer", request([cid])).values[0] for _ in range(4)]
+    entries = [e for e in read_jsonl(node.config.storage.dir / LEDGER_FILE) if e["type"] == "pending"]
+    sizes = [call[2] for call in node.scorer.calls]
+    masks = [
+        np.unpackbits(np.frombuffer(base64.b64decode(e["mask_b64"]), np.uint8))[:HELDOUT_SIZE]
+        for e in entries
+    ]
+    assert sizes == [int(m.sum()) for m in masks], "the scorer saw exactly the stored subsample"
+    assert len({m.tobytes() for m in masks}) == 4, "every release draws a fresh subsample"
+    assert all(0 < size < HELDOUT_SIZE for size in sizes)
+    for value, size, entry in zip(values, sizes, entries):
+        assert entry["expected_size"] == pytest.approx(q * HELDOUT_SIZE)
+        expected = np.clip((score * size + entry["noise_draws"][0]) / (q * HELDOUT_SIZE), 0, 1)
+        assert value == pytest.approx(expected)
+    assert node.releases.noise_std == pytest.approx(node.noise_multiplier / (q * HELDOUT_SIZE))
+
+
+def test_idempotent_retry_returns_the_recorded_release(node_factory, tiny_checkpoint):
+    node = node_factory()
+    cid = _upload(node, tiny_checkpoint)
+    first = node.releases.evaluate("trainer", request([cid], "req-1"))
+    spent = node.budget.spent()
+    again = node.releases.evaluate("trainer", request([cid], "req-1"))
+    assert again == first and node.budget.spent() == spent and node.budget.releases_made == 1
+    # the same id from ANOTHER client is another request
+    other = node.releases.evaluate("someone-else", request([cid], "req-1"))
+    assert other.release_id != first.release_id and node.budget.releases_made == 2
+    # reusing an id for a different request is refused, not silently replayed
+    changed = EvaluateInputs((cid,), Decoding(4, 2, 0.0, 1), FEEDBACK, "req-1")
+    with pytest.raises(ProtocolError) as caught:
+        node.releases.evaluate("trainer", changed)
+    assert caught.value.reason == errors.INVALID_REQUEST
+
+
+def test_budget_exhaustion_survives_restart_and_refusals_spend_nothing(node_factory, tiny_checkpoint):
+    privacy = {"planned_releases": 2, "epsilon_budget": 1.0}
+    node = node_factory(privacy=privacy)
+    cid = _upload(node, tiny_checkpoint)
+    for _ in range(2):
+        node.releases.evaluate("trainer", request([cid]))
+    with pytest.raises(ProtocolError):
+        node.releases.evaluate("trainer", request([cid]))
+    ledger_path = node.config.storage.dir / LEDGER_FILE
+    lines = ledger_path.read_text()
+    spent = node.budget.spent()
+    node.close()
+    restarted = node_factory(privacy=privacy, seed=5)
+    assert restarted.budget.spent() == pytest.approx(spent) and restarted.budget.releases_made == 2
+    with pytest.raises(ProtocolError) as caught:
+        restarted.releases.evaluate("trainer", request([cid]))
+    assert caught.value.reason == errors.PRIVACY_BUDGET_EXHAUSTED
+    assert ledger_path.read_text() == lines, "a refused release wrote to the ledger"
+
+
+def test_crash_mid_evaluation_counts_and_retry_replays_the_same_release(node_factory, tiny_checkpoint):
+    scorer = FakeScorer(default=0.25)
+    node = node_factory(scorer=scorer)
+    cid = _upload(node, tiny_checkpoint)
+    scorer.fail_next = ProtocolError(grpc.StatusCode.UNAVAILABLE, errors.EVALUATION_FAILED, "worker crashed")
+    with pytest.raises(ProtocolError):
+        node.releases.evaluate("trainer", request([cid], "req-crash"))
+    spent = node.budget.spent()
+    assert spent > 0, "a charged release must count even though it was never completed"
+    pending = read_jsonl(node.config.storage.dir / LEDGER_FILE)
+    assert [e["type"] for e in pending] == ["pending"]
+    node.close()
+
+    restarted = node_factory(scorer=FakeScorer(default=0.25), seed=99)  # different randomness
+    assert restarted.budget.spent() == pytest.approx(spent)
+    result = restarted.releases.evaluate("trainer", request([cid], "req-crash"))
+    assert restarted.budget.spent() == pytest.approx(spent) and restarted.budget.releases_made == 1
+    entry = pending[0]
+    kept = int(
+        np.unpackbits(np.frombuffer(base64.b64decode(entry["mask_b64"]), np.uint8))[:HELDOUT_SIZE].sum()
+    )
+    expected = replay_release(
+        np.full((1, kept), 0.25), entry["expected_size"], np.array(entry["noise_draws"])
+    )
+    assert result.values[0] == pytest.approx(float(np.asarray(expected).reshape(-1)[0]))
+    assert restarted.scorer.calls[-1][2] == kept, "the retry must use the stored subsample"
+
+
+def test_concurrent_clients_cannot_overspend(node_factory, tiny_checkpoint):
+    node = node_factory(privacy={"planned_releases": 3, "epsilon_budget": 1.0})
+    cid = _upload(node, tiny_checkpoint)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        try:
+            node.releases.evaluate(f"client-{i}", request([cid], f"r{i}"))
+            outcome = "ok"
+        except ProtocolError as error:
+            outcome = error.reason
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("ok") == 3 and outcomes.count(errors.PRIVACY_BUDGET_EXHAUSTED) == 5
+    assert node.budget.spent() <= 1.0 + 1e-9 and node.budget.releases_made == 3
+
+
+def test_per_client_cap(node_factory, tiny_checkpoint):
+    node = node_factory(privacy={"planned_releases": 4, "epsilon_budget": 2.0, "per_client_epsilon_cap": 1.0})
+    cid = _upload(node, tiny_checkpoint)
+    node.releases.evaluate("alice", request([cid]))
+    with pytest.raises(ProtocolError) as caught:
+        for _ in range(4):
+            node.releases.evaluate("alice", request([cid]))
+    assert caught.value.reason == errors.CLIENT_BUDGET_EXHAUSTED
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert float(caught.value.metadata["limit"]) == 1.0
+    assert node.budget.client_spent("alice") <= 1.0 + 1e-9
+    node.releases.evaluate("bob", request([cid]))  # bob has his own allowance
+
+
+def test_several_candidates_share_one_subsample_and_pay_for_each(node_factory, tiny_checkpoint, tmp_path):
+    scorer = FakeScorer()
+    node = node_factory(scorer=scorer, privacy={"planned_releases": 50, "epsilon_budget": 4.0})
+    a = _upload(node, tiny_checkpoint)
+    b = _second_checkpoint(node, tiny_checkpoint, tmp_path)
+    scorer.values = {a: 0.2, b: 0.8}
+    pair = node.releases.evaluate("trainer", request([a, b]))
+    single = node.releases.evaluate("trainer", request([a]))
+    assert scorer.calls[0][1] == (a, b), "both candidates are scored in one call (one subsample)"
+    assert pair.noise_std == single.noise_std, "the noise std per released accuracy is constant"
+    # One 2-candidate release (multiplier z / sqrt 2) costs what two single releases cost.
+    twice = build_accountant("rdp")
+    twice.compose(SampledGaussianEvent(node.noise_multiplier, 1.0, 2))
+    assert pair.epsilon_this_release == pytest.approx(twice.get_epsilon(node.config.privacy.delta), rel=1e-6)
+    events = [e["event"] for e in read_jsonl(node.config.storage.dir / LEDGER_FILE) if e["type"] == "pending"]
+    assert events[0]["noise_multiplier"] == pytest.approx(node.noise_multiplier / np.sqrt(2))
+
+
+def test_without_dp_release_is_exact_and_uncharged(node_factory, tiny_checkpoint):
+    node = node_factory(privacy={"enabled": False})
+    cid = _upload(node, tiny_checkpoint)
+    result = node.releases.evaluate("trainer", request([cid]))
+    assert result.values == (0.5,) and result.epsilon_this_release == 0 and result.noise_std == 0
+    assert node.scorer.calls[-1][2] == HELDOUT_SIZE
+    assert not (node.config.storage.dir / LEDGER_FILE).exists()
+
+
+def test_test_split_is_exact_per_domain_and_not_charged(node_factory, tiny_checkpoint):
+    node = node_factory()
+    cid = _upload(node, tiny_checkpoint)
+    result = node.releases.evaluate("trainer", request([cid], split=TEST))
+    assert result.values == (0.5,) and result.domain_accuracy == ({"easy": 0.5, "hard": 0.5},)
+    assert node.budget.spent() == 0 and node.budget.releases_made == 0
+    audit = read_jsonl(node.config.storage.dir / "audit.jsonl")
+    assert audit[-1]["event"] == "release" and audit[-1]["split"] == TEST

@@ -1,0 +1,69 @@
+"""The real evaluation path: server -> spawned worker process -> tiny model -> verifier."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+
+from .conftest import RecordingClient, assert_no_canary, make_config, running_server, upload_messages
+
+
+@pytest.fixture(scope="module")
+def worker_server(tmp_path_factory, data_dir, pki):
+    tmp = tmp_path_factory.mktemp("worker-node")
+    config = make_config(
+        tmp,
+        data_dir,
+        pki,
+        privacy={"planned_releases": 20, "epsilon_budget": 4.0},
+        evaluation={"batch_size": 64, "timeout_s": 300},
+    )
+    with running_server(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(worker_server, pki, tiny_checkpoint, tmp_path_factory):
+    """The tiny policy, and the same weights under another id (another generation_config.json)."""
+    twin = tmp_path_factory.mktemp("twin") / "tiny"
+    shutil.copytree(tiny_checkpoint, twin)
+    (twin / "generation_config.json").write_text('{"do_sample": false, "twin": 1}')
+    client = RecordingClient(worker_server.port, pki)
+    try:
+        first = client.upload_dir(tiny_checkpoint)
+        held = {p.name for p in tiny_checkpoint.iterdir()} - {"generation_config.json"}
+        second = client.upload_messages(upload_messages(twin, skip=held))  # only the changed file travels
+        assert set(second.reused_files) == held and second.bytes_received == len(
+            '{"do_sample": false, "twin": 1}'
+        )
+        assert_no_canary(client.received)
+    finally:
+        client.close()
+    return first.checkpoint_id, second.checkpoint_id
+
+
+def test_real_evaluation_is_paired_and_leaks_nothing(worker_server, two_checkpoints, pki):
+    a, b = two_checkpoints
+    client = RecordingClient(worker_server.port, pki)
+    try:
+        test = client.evaluate([a, b], split=pb.SPLIT_TEST, samples_per_prompt=2, temperature=1.0, seed=7)
+        accuracies = [r.accuracy for r in test.results]
+        assert all(0.0 <= x <= 1.0 for x in accuracies)
+        assert accuracies[0] == accuracies[1], "identical weights with one seed must score identically"
+        assert set(test.results[0].domain_accuracy) == {"easy", "hard"}
+        again = client.evaluate([a], split=pb.SPLIT_TEST, samples_per_prompt=2, temperature=1.0, seed=7)
+        assert again.results[0].accuracy == accuracies[0], "same seed, same generations"
+
+        feedback = client.evaluate([a, b], request_id="real-1", max_new_tokens=4)
+        assert feedback.privacy.epsilon_this_release > 0 and feedback.privacy.noise_std > 0
+        assert all(math.isfinite(r.accuracy) for r in feedback.results)
+        replay = client.evaluate([a, b], request_id="real-1", max_new_tokens=4)
+        assert [r.accuracy for r in replay.results] == [r.accuracy for r in feedback.results]
+        assert client.budget().releases_made == 1
+    finally:
+        client.close()
+    assert_no_canary(client.received)
