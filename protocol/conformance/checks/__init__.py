@@ -1,0 +1,13 @@
+"""Importing this package registers every conformance check (one module per area)."""
+
+from protocol.conformance.checks import (  # noqa: F401
+    budget,
+    evaluate,
+    fuzz,
+    info,
+    leaks,
+    liveness,
+    mtls,
+    noise,
+    uploads,
+)

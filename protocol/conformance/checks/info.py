@@ -1,0 +1,176 @@
+"""GetInfo and GetBudget: the public card and the budget bookkeeping are sane and consistent."""
+
+from __future__ import annotations
+
+import math
+
+from protocol import PROTOCOL_VERSION
+from protocol.conformance.context import SuiteContext
+from protocol.conformance.recorder import Received
+from protocol.conformance.registry import check, expect
+from protocol.conformance.scan import canary_hits
+from protocol.conformance.wire import set_field_paths, undeclared_fields
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from protocol.validation import ALLOWED_ARCHITECTURES, MAX_CHUNK_BYTES
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
+# The declared public fields of GetInfoResponse, written out (not read from the descriptor):
+# a field added to the proto must be reviewed for what it reveals before the suite accepts it.
+PUBLIC_INFO_FIELDS = frozenset({
+    "protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size",
+    "prompt_template", "test_split_enabled", "test_size",
+    "privacy", "privacy.enabled", "privacy.epsilon_budget", "privacy.delta", "privacy.planned_releases",
+    "privacy.sample_rate", "privacy.noise_multiplier", "privacy.accountant", "privacy.expected_sample_size",
+    "privacy.noise_std", "privacy.per_client_epsilon_cap",
+    "decoding_limits", "decoding_limits.max_new_tokens", "decoding_limits.max_samples_per_prompt",
+    "decoding_limits.max_candidates_per_query",
+    "upload_limits", "upload_limits.max_checkpoint_bytes", "upload_limits.max_chunk_bytes",
+    "upload_limits.allowed_architectures", "upload_limits.allowed_file_names",
+})
+
+
+def close(a: float, b: float, rel: float = 1e-6, abs_: float = 1e-12) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def info_problems(info: pb.GetInfoResponse) -> list[str]:
+    """Every way the card is inconsistent (empty when sane)."""
+    p: list[str] = []
+    if info.protocol_version != PROTOCOL_VERSION:
+        p.append(f"protocol_version {info.protocol_version!r}, this suite speaks {PROTOCOL_VERSION!r}")
+    if info.heldout_size < 1:
+        p.append(f"heldout_size {info.heldout_size} < 1")
+    if info.verifier_kind not in pb.VerifierKind.values() or info.verifier_kind == pb.VERIFIER_KIND_UNSPECIFIED:
+        p.append(f"verifier_kind {info.verifier_kind} is unspecified or unknown")
+    if "{prompt}" not in info.prompt_template:
+        p.append("prompt_template does not contain {prompt}")
+    d = info.decoding_limits
+    for name in ("max_new_tokens", "max_samples_per_prompt", "max_candidates_per_query"):
+        if getattr(d, name) < 1:
+            p.append(f"decoding_limits.{name} = {getattr(d, name)} < 1")
+    u = info.upload_limits
+    if u.max_checkpoint_bytes < 1:
+        p.append(f"upload_limits.max_checkpoint_bytes = {u.max_checkpoint_bytes} < 1")
+    if not 0 < u.max_chunk_bytes <= MAX_CHUNK_BYTES:
+        p.append(f"upload_limits.max_chunk_bytes = {u.max_chunk_bytes}, must be in (0, {MAX_CHUNK_BYTES}]")
+    extra = sorted(set(u.allowed_architectures) - set(ALLOWED_ARCHITECTURES))
+    if extra:
+        p.append(f"upload_limits.allowed_architectures beyond the protocol allowlist: {extra}")
+    for name in u.allowed_file_names:
+        if name.lower().endswith(PICKLE_SUFFIXES) or not name.endswith((".json", ".safetensors")):
+            p.append(f"upload_limits.allowed_file_names admits {name!r} (only safetensors and JSON are allowed)")
+    if info.test_split_enabled != (info.test_size > 0):
+        p.append(f"test_split_enabled={info.test_split_enabled} but test_size={info.test_size}")
+    p += privacy_problems(info)
+    return p
+
+
+def privacy_problems(info: pb.GetInfoResponse) -> list[str]:
+    q, p = info.privacy, []
+    if not q.enabled:
+        if q.noise_std != 0 or q.noise_multiplier != 0:
+            p.append("privacy disabled but a noise std / multiplier is declared")
+        return p
+    if not (q.epsilon_budget > 0 and math.isfinite(q.epsilon_budget)):
+        p.append(f"privacy.epsilon_budget {q.epsilon_budget} is not a positive finite number")
+    if not 0 < q.delta < 1.0 / max(info.heldout_size, 1):
+        p.append(f"privacy.delta {q.delta:g} is not in (0, 1/heldout_size = {1.0 / max(info.heldout_size, 1):.3g})")
+    if q.planned_releases < 1:
+        p.append(f"privacy.planned_releases {q.planned_releases} < 1")
+    if not 0 < q.sample_rate <= 1:
+        p.append(f"privacy.sample_rate {q.sample_rate} not in (0, 1]")
+    if not q.noise_multiplier > 0:
+        p.append(f"privacy.noise_multiplier {q.noise_multiplier} must be > 0 when DP is on")
+    if q.accountant not in ("rdp", "prv"):
+        p.append(f"privacy.accountant {q.accountant!r} is not 'rdp' or 'prv'")
+    expected = q.sample_rate * info.heldout_size
+    if not close(q.expected_sample_size, expected):
+        p.append(f"privacy.expected_sample_size {q.expected_sample_size:g} != sample_rate * heldout_size = {expected:g}")
+    if q.expected_sample_size > 0 and not close(q.noise_std, q.noise_multiplier / q.expected_sample_size):
+        p.append(f"privacy.noise_std {q.noise_std:g} != noise_multiplier / expected_sample_size = "
+                 f"{q.noise_multiplier / q.expected_sample_size:g}")
+    if q.per_client_epsilon_cap < 0:
+        p.append(f"privacy.per_client_epsilon_cap {q.per_client_epsilon_cap} < 0")
+    return p
+
+
+@check(
+    "rpc.get_info.contract",
+    title="GetInfo returns a sane, self-consistent public task card",
+    rationale="""The trainer plans its budget from GetInfo: protocol_version must match, heldout_size >= 1, limits
+    positive, upload allowlists free of pickle formats, and the privacy parameters consistent
+    (expected_sample_size = sample_rate * heldout_size, noise_std = noise_multiplier / expected_sample_size,
+    delta < 1/heldout_size). Two calls must return identical bytes: the card is static.""",
+    order=10,
+)
+def get_info_contract(ctx: SuiteContext) -> str:
+    info = ctx.info(refresh=True)
+    problems = info_problems(info)
+    expect(not problems, "; ".join(problems))
+    again = ctx.info(refresh=True)
+    expect(again.SerializeToString() == info.SerializeToString(), "two GetInfo calls returned different cards")
+    q = info.privacy
+    dp = f"DP on, eps={q.epsilon_budget:g}, q={q.sample_rate:g}, noise_std={q.noise_std:.4g}" if q.enabled else "DP off"
+    return f"heldout_size={info.heldout_size}, {dp}"
+
+
+@check(
+    "rpc.get_info.public_fields_only",
+    title="GetInfo carries only the declared public fields",
+    rationale="""GetInfo is readable by any authenticated client, so it must reveal nothing derived from held-out data
+    beyond the declared public fields. The fields actually set are compared with an explicit allowlist, and the
+    raw wire bytes are walked for field numbers the v1 schema does not declare (unknown fields a parser would
+    silently keep). The free-text fields must not contain any canary.""",
+    order=11,
+)
+def get_info_public_fields(ctx: SuiteContext) -> str:
+    info = ctx.info(refresh=True)
+    extra = sorted(set_field_paths(info) - PUBLIC_INFO_FIELDS)
+    expect(not extra, f"GetInfo sets fields outside the public allowlist: {extra}")
+    undeclared = undeclared_fields(info.SerializeToString(), pb.GetInfoResponse.DESCRIPTOR)
+    expect(not undeclared, f"GetInfo carries fields the v1 schema does not declare: {undeclared}")
+    text = [Received(f"GetInfo.{name}", getattr(info, name).encode()) for name in
+            ("task_description", "answer_format", "prompt_template")]
+    hits = canary_hits(ctx.options.canaries, text)
+    expect(not hits, f"canary in the public card: {hits}")
+    return f"{len(set_field_paths(info))} fields set, all public"
+
+
+@check(
+    "rpc.get_budget.contract",
+    title="GetBudget is consistent with GetInfo and reading it is free",
+    rationale="""The budget view must agree with the card (dp_enabled, epsilon_budget, delta, per-client cap), satisfy
+    0 <= spent <= budget and spent + remaining = budget, count the caller's spend within the total, and not
+    change when read twice (reading the budget spends nothing).""",
+    order=12,
+)
+def get_budget_contract(ctx: SuiteContext) -> str:
+    info, first = ctx.info(), ctx.budget()
+    second = ctx.budget()
+    q = info.privacy
+    expect(first.dp_enabled == q.enabled, f"dp_enabled={first.dp_enabled} but GetInfo privacy.enabled={q.enabled}")
+    expect(
+        (second.epsilon_spent, second.releases_made) == (first.epsilon_spent, first.releases_made),
+        "reading the budget twice changed it",
+    )
+    if not q.enabled:
+        expect(first.epsilon_spent == 0 and first.epsilon_budget == 0, "DP disabled but the budget reports spend")
+        return "DP disabled: nothing is charged"
+    problems = []
+    if not close(first.epsilon_budget, q.epsilon_budget):
+        problems.append(f"epsilon_budget {first.epsilon_budget:g} != GetInfo {q.epsilon_budget:g}")
+    if not close(first.delta, q.delta):
+        problems.append(f"delta {first.delta:g} != GetInfo {q.delta:g}")
+    if not close(first.client_epsilon_cap, q.per_client_epsilon_cap):
+        problems.append(f"client_epsilon_cap {first.client_epsilon_cap:g} != GetInfo {q.per_client_epsilon_cap:g}")
+    if not 0 <= first.epsilon_spent <= first.epsilon_budget * (1 + 1e-9):
+        problems.append(f"epsilon_spent {first.epsilon_spent:g} outside [0, budget {first.epsilon_budget:g}]")
+    if not close(first.epsilon_spent + first.epsilon_remaining, first.epsilon_budget, rel=1e-9, abs_=1e-9):
+        problems.append(f"spent {first.epsilon_spent:g} + remaining {first.epsilon_remaining:g} != budget {first.epsilon_budget:g}")
+    if first.client_epsilon_spent > first.epsilon_spent * (1 + 1e-9) + 1e-12:
+        problems.append(f"client_epsilon_spent {first.client_epsilon_spent:g} exceeds the node total {first.epsilon_spent:g}")
+    if first.releases_made < 0 or first.releases_remaining_estimate < 0:
+        problems.append("negative release counts")
+    expect(not problems, "; ".join(problems))
+    return (f"spent {first.epsilon_spent:.4g} of {first.epsilon_budget:g}, {first.releases_made} releases made, "
+            f"~{first.releases_remaining_estimate} remain")

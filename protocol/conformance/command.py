@@ -1,0 +1,97 @@
+"""`feedback-protocol conformance`: arguments and the command body (wired up in protocol/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Run the target-feedback v1 conformance suite against a live server and print one row per
+check (PASS / FAIL / SKIP). Exits 1 if any check fails, 0 otherwise.
+
+Run it against a server nobody else is using at the time: budget checks compare GetBudget
+before and after the suite's own calls, and the suite spends some budget (about 50 releases;
+the exhaustion check, only with --allow-exhaust, spends all of it).
+
+Example (an owner's self-test on a fresh node folder):
+  feedback-protocol conformance --target 127.0.0.1:50051 --ca node/pki/ca.pem \\
+      --cert node/pki/client.pem --key node/pki/client.key --ca-key node/pki/ca.key \\
+      --canaries canaries.txt --restart-cmd 'systemctl restart owner-node' --json report.json
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", metavar="HOST:PORT", help="address of the server under test")
+    parser.add_argument("--ca", type=Path, metavar="FILE", help="the owner's CA certificate (PEM)")
+    parser.add_argument("--cert", type=Path, metavar="FILE", help="a client certificate the server trusts (PEM)")
+    parser.add_argument("--key", type=Path, metavar="FILE", help="the client certificate's private key (PEM)")
+    parser.add_argument("--server-name", metavar="NAME", help="TLS name to verify when the address is not in the server certificate")
+    parser.add_argument("--canaries", type=Path, metavar="FILE",
+                        help="strings planted in the held-out prompts/answers, one per line (enables the leak checks)")
+    parser.add_argument("--restart-cmd", metavar="CMD",
+                        help="shell command that restarts the server (enables the budget-persistence checks)")
+    parser.add_argument("--ca-key", type=Path, metavar="FILE",
+                        help="the owner's CA key: lets the suite mint an expired and a no-clientAuth certificate")
+    parser.add_argument("--rogue-ca-dir", type=Path, metavar="DIR",
+                        help="where to write the untrusted CA and certificates (default: a temporary folder)")
+    parser.add_argument("--allow-exhaust", action="store_true",
+                        help="run the exhaustion check, which spends the server's whole remaining budget")
+    parser.add_argument("--only", metavar="ID,...", help="comma-separated check ids (or 'prefix*') to run")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the JSON report here")
+    parser.add_argument("--checkpoint", type=Path, metavar="DIR", help="upload this checkpoint instead of a built tiny one")
+    parser.add_argument("--noise-releases", type=int, default=30, metavar="R", help="releases for the noise check (default 30)")
+    parser.add_argument("--concurrency", type=int, default=8, metavar="N", help="concurrent clients (default 8)")
+    parser.add_argument("--fuzz-examples", type=int, default=60, metavar="N", help="fuzzed requests per RPC (default 60)")
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from protocol.conformance import (
+        SuiteOptions,
+        all_checks,
+        read_canaries,
+        restart_from_command,
+        run_suite,
+        write_json,
+    )
+    from protocol.conformance.runner import format_row
+
+    if args.list:
+        for c in all_checks():
+            print(f"{c.id:<42} {c.title}")
+        return 0
+    missing = [flag for flag, value in (("--target", args.target), ("--ca", args.ca), ("--cert", args.cert),
+                                        ("--key", args.key)) if not value]
+    if missing:
+        print(f"error: {', '.join(missing)} required (see feedback-protocol conformance --help)", file=sys.stderr)
+        return 2
+    try:
+        for flag, path in (("--ca", args.ca), ("--cert", args.cert), ("--key", args.key), ("--ca-key", args.ca_key)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{flag}: no such file {path}")
+        options = SuiteOptions(
+            target=args.target, ca=args.ca, cert=args.cert, key=args.key, server_name=args.server_name,
+            canaries=read_canaries(args.canaries) if args.canaries else [],
+            restart=restart_from_command(args.restart_cmd) if args.restart_cmd else None,
+            ca_key=args.ca_key, rogue_ca_dir=args.rogue_ca_dir, allow_exhaust=args.allow_exhaust,
+            only=[item.strip() for item in args.only.split(",") if item.strip()] if args.only else None,
+            checkpoint_dir=args.checkpoint, noise_releases=args.noise_releases, concurrency=args.concurrency,
+            fuzz_examples=args.fuzz_examples,
+        )
+        from protocol.conformance.registry import select_checks
+
+        select_checks(options.only)  # unknown ids: a usage error before anything runs
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    print(f"conformance suite against {args.target}", flush=True)
+    report = run_suite(options, on_result=lambda result: print(format_row(result), flush=True))
+    counts = report.counts()
+    print(f"{len(report.results)} checks: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
+          f"in {report.seconds:.1f} s (suite {report.suite_version}, protocol {report.protocol_version})")
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 0 if report.passed else 1
