@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import logging
 import math
 import warnings
@@ -187,15 +188,38 @@ def build_accountant(name: str) -> Accountant:
 
 @register_accountant("rdp")
 class RdpAccountant(Accountant):
-    """Renyi-DP accounting of the subsampled Gaussian (Mironov et al. 2019), via opacus."""
+    """Renyi-DP accounting of the subsampled Gaussian (Mironov et al. 2019), via opacus.
+
+    Same arithmetic as opacus' RDPAccountant.get_epsilon, with one speed-up: the RDP curve of
+    one (sample_rate, noise_multiplier) step is cached, because RDP composes linearly in the
+    number of steps. A ledger replays the same few event kinds thousands of times, and the
+    uncached curve costs ~0.1-1 s per evaluation on a small CPU.
+    """
 
     def _epsilon(self, events: Sequence[SampledGaussianEvent], delta: float) -> float:
+        import numpy as np
         from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis import rdp as privacy_analysis
 
-        accountant = RDPAccountant()
-        accountant.history = _opacus_history(events)
+        orders = RDPAccountant.DEFAULT_ALPHAS
+        total = np.zeros(len(orders))
+        for noise_multiplier, sample_rate, steps in _opacus_history(events):
+            total = total + steps * _one_step_rdp(sample_rate, noise_multiplier)
         with _quiet_opacus():
-            return accountant.get_epsilon(delta=delta)
+            eps, _ = privacy_analysis.get_privacy_spent(orders=orders, rdp=total, delta=delta)
+        return float(eps)
+
+
+@functools.lru_cache(maxsize=256)
+def _one_step_rdp(sample_rate: float, noise_multiplier: float):
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as privacy_analysis
+
+    curve = privacy_analysis.compute_rdp(
+        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
+    )
+    curve.setflags(write=False)
+    return curve
 
 
 @register_accountant("prv")
