@@ -1,0 +1,359 @@
+"""Testbeds: a source mixture (what the trainer may train on) and a target mixture (what the
+owner cares about), built deterministically from reasoning-gym generators.
+
+A testbed is a TOML file (built-ins live in rlvr_core/tasks/testbeds/<name>.toml):
+
+    name = "small"
+    description = "..."
+    seed = 7
+    feedback_fraction = 0.4     # share of target data the owner keeps as its held-out split
+
+    [[source]]
+    task = "basic_arithmetic"   # a reasoning-gym dataset name
+    domain = "add"              # a label for reporting and for the oracle policy
+    difficulty = "easy"         # optional; cluster_of() is "add:easy"
+    size = 100
+    config = { operators = ["+"], min_terms = 2, max_terms = 2 }   # the dataset's config fields
+
+    [[target]]
+    ...
+
+The target examples are split into `feedback` (the owner's held-out set, whose aggregate
+accuracy is the trainer's feedback) and `test` (final evaluation only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import random
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
+
+TESTBED_DIR = Path(__file__).with_name("testbeds")
+DEFAULT_TESTBED = "default"
+# Config fields the builder sets itself; a testbed may not override them.
+_RESERVED_CONFIG_KEYS = ("seed", "size")
+# Draws allowed per requested target example before giving up on finding unseen prompts.
+_MAX_DRAWS_PER_EXAMPLE = 20
+_LABEL_PATTERN = r"^[A-Za-z0-9_\-]+$"  # no ":" (cluster_of joins domain and difficulty with it)
+
+
+class TestbedError(ValueError):
+    """A testbed file or spec is invalid; the message names the file and the field."""
+
+
+class MixtureEntry(BaseModel):
+    """One reasoning-gym generator with its config, contributing `size` examples."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    task: str
+    """A reasoning-gym dataset name (reasoning_gym.factory.DATASETS)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Fields of the dataset's config dataclass (seed and size are set by the builder)."""
+    size: int = Field(gt=0, le=100_000)
+    """Number of examples drawn from this generator."""
+    domain: str = Field(pattern=_LABEL_PATTERN)
+    """Skill label shared across source and target (e.g. "add")."""
+    difficulty: str = Field(default="", pattern=r"^[A-Za-z0-9_\-]*$")
+    """Optional difficulty label (e.g. "easy"); clusters are domain:difficulty."""
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        known = _reasoning_gym_datasets()
+        if task not in known:
+            raise ValueError(f"unknown reasoning-gym dataset {task!r}; known: {', '.join(sorted(known))}")
+        return task
+
+    @field_validator("config")
+    @classmethod
+    def _valid_config(cls, config: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        task = info.data.get("task")
+        if task is None:  # the task itself failed validation; that error is reported already
+            return config
+        _, config_cls = _reasoning_gym_datasets()[task]
+        allowed = {f.name for f in dataclasses.fields(config_cls)} - set(_RESERVED_CONFIG_KEYS)
+        reserved = sorted(set(config) & set(_RESERVED_CONFIG_KEYS))
+        if reserved:
+            verb = "is" if len(reserved) == 1 else "are"
+            raise ValueError(f"{', '.join(reserved)} {verb} set by the testbed builder; remove from config")
+        unknown = sorted(set(config) - allowed)
+        if unknown:
+            raise ValueError(
+                f"unknown config key(s) {', '.join(map(repr, unknown))} for {task!r}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
+        try:
+            instance = config_cls(**config)
+            if hasattr(instance, "validate"):
+                instance.validate()
+        except (AssertionError, TypeError, ValueError) as error:
+            raise ValueError(f"invalid config for {task!r}: {error or type(error).__name__}") from None
+        try:
+            # Some bad configs pass validate() and only fail when an item is drawn.
+            _draw_probe(task, config)
+        except Exception as error:  # noqa: BLE001 - any failure here is a config error
+            raise ValueError(
+                f"config for {task!r} fails to generate an example ({type(error).__name__}: {error})"
+            ) from None
+        return config
+
+
+class TestbedSpec(BaseModel):
+    """A source mixture and a target mixture, plus how the target is split and prompted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = Field(ge=0)
+    """Every generator's seed is derived from this one; the same spec gives the same data."""
+    source: list[MixtureEntry] = Field(min_length=1)
+    target: list[MixtureEntry] = Field(min_length=1)
+    feedback_fraction: float = Field(gt=0.0, lt=1.0)
+    """Share of target data given to the owner as the held-out feedback split; the rest is test."""
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    """How prompts are rendered for the model (must contain "{prompt}" once)."""
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _valid_template(cls, template: str) -> str:
+        return validate_template(template)
+
+
+@dataclass(frozen=True)
+class TestbedData:
+    """The built examples. Shared between callers (builds are cached): do not mutate metadata."""
+
+    source: tuple[Example, ...]
+    feedback: tuple[Example, ...]
+    test: tuple[Example, ...]
+
+
+def testbed_names() -> list[str]:
+    """Names of the built-in testbeds."""
+    return sorted(path.stem for path in TESTBED_DIR.glob("*.toml"))
+
+
+def load_testbed(name_or_path: str | Path) -> TestbedSpec:
+    """Load a built-in testbed by name, or a user testbed from a TOML file path.
+
+    Raises TestbedError naming the file and the field (TOML syntax errors, missing fields,
+    wrong types, unknown reasoning-gym datasets or config keys).
+    """
+    text_name = str(name_or_path)
+    if text_name in testbed_names():
+        path = TESTBED_DIR / f"{text_name}.toml"
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise TestbedError(
+                f"testbed {text_name!r} is neither a built-in ({', '.join(testbed_names())}) nor an existing file"
+            )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise TestbedError(f"{path}: cannot read ({type(error).__name__}: {error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise TestbedError(f"{path}: TOML syntax error: {error}") from None
+    return parse_testbed(data, origin=str(path))
+
+
+def parse_testbed(data: dict[str, Any], origin: str = "<testbed>") -> TestbedSpec:
+    """Validate a decoded testbed; TestbedError lists every problem as "origin: field.path: msg"."""
+    try:
+        return TestbedSpec.model_validate(data)
+    except ValidationError as error:
+        problems = [f"{_field_path(item['loc'])}: {_message(item)}" for item in error.errors()]
+        raise TestbedError(f"{origin}: " + f"\n{origin}: ".join(problems)) from None
+
+
+def cluster_of(example: Example) -> str:
+    """The example's cluster: "domain:difficulty", or the domain alone without a difficulty."""
+    difficulty = example.metadata.get("difficulty", "") if isinstance(example.metadata, dict) else ""
+    return f"{example.domain}:{difficulty}" if difficulty else example.domain
+
+
+def target_composition(spec: TestbedSpec) -> dict[str, float]:
+    """Each target domain's share of the target examples (sums to 1), sorted by domain."""
+    totals: dict[str, int] = defaultdict(int)
+    for entry in spec.target:
+        totals[entry.domain] += entry.size
+    grand_total = sum(totals.values())
+    return {domain: totals[domain] / grand_total for domain in sorted(totals)}
+
+
+def build_testbed_data(spec: TestbedSpec) -> TestbedData:
+    """Generate the source, feedback and test examples of `spec`, deterministically.
+
+    Each entry's generator seed is derived from (spec.seed, "src"|"tgt", entry index). Target
+    prompts that already appear in the source (or earlier in the target) are skipped, so the
+    owner's data never overlaps the training data even where a config's prompt space is small.
+    The target is split into feedback/test by a seeded shuffle within each domain.
+    Builds are cached per spec, so both parties in one process share one build.
+    """
+    key = spec.model_dump_json()
+    cached = _BUILD_CACHE.get(key)
+    if cached is None:
+        cached = _build(spec)
+        while len(_BUILD_CACHE) >= _BUILD_CACHE_SIZE:
+            _BUILD_CACHE.pop(next(iter(_BUILD_CACHE)))
+        _BUILD_CACHE[key] = cached
+    return cached
+
+
+_BUILD_CACHE: dict[str, TestbedData] = {}  # spec JSON -> build; insertion order = age
+_BUILD_CACHE_SIZE = 4
+
+
+def _build(spec: TestbedSpec) -> TestbedData:
+    source: list[Example] = []
+    for index, entry in enumerate(spec.source):
+        source.extend(_generate(entry, "src", index, _derive_seed(spec.seed, "src", index), avoid=None))
+    seen_prompts = {example.prompt for example in source}
+    target: list[Example] = []
+    for index, entry in enumerate(spec.target):
+        drawn = _generate(entry, "tgt", index, _derive_seed(spec.seed, "tgt", index), avoid=seen_prompts)
+        seen_prompts.update(example.prompt for example in drawn)
+        target.extend(drawn)
+    feedback, test = _split(target, spec.feedback_fraction, _derive_seed(spec.seed, "split", 0))
+    return TestbedData(source=tuple(source), feedback=feedback, test=test)
+
+
+def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: set[str] | None) -> list[Example]:
+    """Draw `entry.size` examples; with `avoid`, skip prompts in it and duplicates among the draws."""
+    import reasoning_gym
+
+    where = f"{'target' if prefix == 'tgt' else 'source'}[{index}]"
+    max_draws = entry.size * _MAX_DRAWS_PER_EXAMPLE if avoid is not None else entry.size
+    try:
+        dataset = reasoning_gym.create_dataset(entry.task, seed=seed, size=max_draws, **entry.config)
+    except Exception as error:  # noqa: BLE001 - reported with the entry it belongs to
+        raise TestbedError(f"{where}: reasoning-gym could not create {entry.task!r}: {error}") from None
+    examples: list[Example] = []
+    taken: set[str] = set()
+    for draw in range(max_draws):
+        if len(examples) == entry.size:
+            break
+        try:
+            item = dataset[draw]
+        except Exception as error:  # noqa: BLE001
+            raise TestbedError(
+                f"{where}: reasoning-gym failed to generate {entry.task!r} item {draw} "
+                f"({type(error).__name__}: {error})"
+            ) from None
+        prompt = str(item["question"])
+        if avoid is not None and (prompt in avoid or prompt in taken):
+            continue
+        taken.add(prompt)
+        examples.append(
+            Example(
+                id=f"{prefix}-{entry.task}-{index}-{len(examples)}",
+                prompt=prompt,
+                answer=str(item["answer"]),
+                task=entry.task,
+                domain=entry.domain,
+                verifier="reasoning_gym",
+                metadata={"rg": to_jsonable(item.get("metadata", {})), "difficulty": entry.difficulty},
+            )
+        )
+    if len(examples) < entry.size:
+        raise TestbedError(
+            f"{where}: only {len(examples)} of {entry.size} "
+            f"prompts are new (not in the source or earlier target entries); the config's prompt space is "
+            f"too small for this size — lower size or widen the config"
+        )
+    return examples
+
+
+def _split(target: list[Example], fraction: float, seed: int) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
+    """Stratified by domain: each domain gives round(n * fraction) examples (at least 1, and at
+    least 1 left for test when it has 2+) to feedback. Both splits keep generation order."""
+    rng = random.Random(seed)
+    positions_by_domain: dict[str, list[int]] = defaultdict(list)
+    for position, example in enumerate(target):
+        positions_by_domain[example.domain].append(position)
+    feedback_positions: set[int] = set()
+    for domain in sorted(positions_by_domain):
+        positions = positions_by_domain[domain]
+        rng.shuffle(positions)
+        count = round(len(positions) * fraction)
+        if len(positions) >= 2:
+            count = min(max(count, 1), len(positions) - 1)
+        feedback_positions.update(positions[:count])
+    feedback = tuple(example for position, example in enumerate(target) if position in feedback_positions)
+    test = tuple(example for position, example in enumerate(target) if position not in feedback_positions)
+    return feedback, test
+
+
+def _derive_seed(seed: int, stream: str, index: int) -> int:
+    """A 31-bit seed per (spec seed, stream, entry). reasoning-gym seeds item i with seed + i,
+    so consecutive seeds would share items; hashed seeds land far apart."""
+    digest = hashlib.sha256(f"{seed}/{stream}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert reasoning-gym metadata to plain JSON types (tuples -> lists, dates -> ISO text...)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((to_jsonable(item) for item in value), key=repr)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return to_jsonable(value.item())
+    if hasattr(value, "value") and isinstance(value.value, (str, int)):  # enums
+        return value.value
+    return str(value)
+
+
+def _draw_probe(task: str, config: dict[str, Any]) -> None:
+    import reasoning_gym
+
+    reasoning_gym.create_dataset(task, seed=0, size=1, **config)[0]
+
+
+@functools.cache
+def _reasoning_gym_datasets() -> dict[str, tuple[type, type]]:
+    # Imported on first validation only: reasoning-gym takes seconds to import.
+    from reasoning_gym.factory import DATASETS
+
+    return dict(DATASETS)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(top level)"
+
+
+def _message(item: dict[str, Any]) -> str:
+    message = str(item["msg"]).removeprefix("Value error, ")
+    if item["type"] == "missing":
+        return "field is missing"
+    if item["type"] == "extra_forbidden":
+        return "unknown field (check the spelling)"
+    return message

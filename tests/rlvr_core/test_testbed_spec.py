@@ -1,0 +1,154 @@
+"""Testbed specs: loading built-ins and user files, and errors that name the file and field."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from rlvr_core.tasks import testbed as tb
+from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.testbed import (
+    build_testbed_data,
+    cluster_of,
+    load_testbed,
+    parse_testbed,
+    target_composition,
+)
+
+# Imported through the module: pytest would collect names starting with "test"/"Test".
+BadTestbed = tb.TestbedError
+
+ADD = 'task = "basic_arithmetic"\nconfig = { operators = ["+"], min_terms = 2, max_terms = 2, allow_parentheses = false }'
+
+
+def _toml(tmp_path, body: str):
+    path = tmp_path / "mine.toml"
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+VALID = f"""
+name = "mine"
+seed = 1
+feedback_fraction = 0.5
+
+[[source]]
+{ADD}
+domain = "add"
+difficulty = "easy"
+size = 5
+
+[[target]]
+{ADD}
+domain = "add"
+size = 4
+"""
+
+
+def test_builtin_testbeds_load_and_are_named_after_their_file():
+    names = tb.testbed_names()
+    assert {"default", "small", "strings"} <= set(names)
+    assert tb.DEFAULT_TESTBED in names
+    for name in names:
+        spec = load_testbed(name)
+        assert spec.name == name
+        assert spec.description
+
+
+def test_user_file_loads(tmp_path):
+    spec = load_testbed(str(_toml(tmp_path, VALID)))
+    assert spec.source[0].difficulty == "easy"
+    assert spec.target[0].difficulty == ""
+    assert spec.prompt_template == "{prompt}\nAnswer:"
+
+
+def _error(tmp_path, body: str) -> str:
+    path = _toml(tmp_path, body)
+    with pytest.raises(BadTestbed) as caught:
+        load_testbed(str(path))
+    message = str(caught.value)
+    assert message.startswith(str(path) + ": "), message
+    return message
+
+
+def test_unknown_task_names_the_field_path(tmp_path):
+    body = VALID.replace('[[target]]\ntask = "basic_arithmetic"', '[[target]]\ntask = "basic_arithmetc"')
+    message = _error(tmp_path, body)
+    assert "target[0].task: unknown reasoning-gym dataset 'basic_arithmetc'; known: " in message
+    assert "spell_backward" in message
+
+
+def test_bad_config_key_names_the_entry(tmp_path):
+    message = _error(tmp_path, VALID.replace("min_terms = 2, max_terms", "min_term = 2, max_terms", 1))
+    assert "source[0].config: unknown config key(s) 'min_term' for 'basic_arithmetic'" in message
+
+
+@pytest.mark.parametrize(
+    "replace, expected",
+    [
+        (("allow_parentheses = false }", "allow_parentheses = false, seed = 3 }"), "source[0].config: seed is set by the testbed builder"),
+        (("min_terms = 2, max_terms = 2", "min_terms = 3, max_terms = 2"), "source[0].config: invalid config"),
+        (('operators = ["+"]', 'operators = ["%"]'), "source[0].config: invalid config"),
+        (("size = 5", 'size = "5"'), "source[0].size: "),
+        (("size = 5", "size = 0"), "source[0].size: "),
+        (("seed = 1", "seed = 1.5"), "seed: "),
+        (("feedback_fraction = 0.5", "feedback_fraction = 1.0"), "feedback_fraction: "),
+        (("feedback_fraction = 0.5\n", ""), "feedback_fraction: field is missing"),
+        (('domain = "add"\ndifficulty', 'domain = "a:b"\ndifficulty'), "source[0].domain: "),
+        (("seed = 1", 'seed = 1\nprompt_template = "{question}"'), "prompt_template: prompt template may only"),
+        (("seed = 1", "seed = 1\nsed = 2"), "sed: unknown field"),
+    ],
+)
+def test_invalid_fields_are_named(tmp_path, replace, expected):
+    old, new = replace
+    assert old in VALID
+    assert expected in _error(tmp_path, VALID.replace(old, new, 1))
+
+
+def test_missing_target_and_syntax_errors(tmp_path):
+    assert "target: field is missing" in _error(tmp_path, VALID.split("[[target]]")[0])
+    assert "TOML syntax error" in _error(tmp_path, VALID + "\nthis is = = not toml\n")
+
+
+def test_config_that_only_fails_when_drawing_is_caught_at_load(tmp_path):
+    body = VALID.replace(
+        ADD, 'task = "simple_equations"\nconfig = { operators = ["+"] }', 1
+    )  # operators_weights keeps 3 weights for 1 operator: validate() passes, drawing fails
+    assert "source[0].config: config for 'simple_equations' fails to generate" in _error(tmp_path, body)
+
+
+def test_unknown_name_or_missing_file():
+    with pytest.raises(BadTestbed, match="neither a built-in"):
+        load_testbed("no-such-testbed")
+
+
+def test_parse_testbed_reports_every_problem():
+    with pytest.raises(BadTestbed) as caught:
+        parse_testbed({"name": "x", "seed": -1, "source": [], "target": [], "feedback_fraction": 0.5}, "inline")
+    lines = str(caught.value).splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["seed", "source", "target"]
+
+
+def test_target_composition_and_cluster_of():
+    spec = load_testbed("default")
+    composition = target_composition(spec)
+    assert sum(composition.values()) == pytest.approx(1.0)
+    assert set(composition) == {entry.domain for entry in spec.target}
+    assert cluster_of(Example("a", "p", "1", domain="add", metadata={"difficulty": "easy"})) == "add:easy"
+    assert cluster_of(Example("a", "p", "1", domain="spell", metadata={"difficulty": ""})) == "spell"
+    assert cluster_of(Example("a", "p", "1", domain="spell")) == "spell"
+
+
+def test_tiny_prompt_space_is_reported(tmp_path):
+    spec = tb.TestbedSpec(
+        name="tiny", seed=0, feedback_fraction=0.5,
+        source=[tb.MixtureEntry(task="basic_arithmetic", domain="add", size=50,
+                             config={"operators": ["+"], "min_terms": 2, "max_terms": 2, "max_digits": 1,
+                                     "allow_parentheses": False})],
+        target=[tb.MixtureEntry(task="basic_arithmetic", domain="add", size=200,
+                             config={"operators": ["+"], "min_terms": 2, "max_terms": 2, "max_digits": 1,
+                                     "allow_parentheses": False})],
+    )
+    with pytest.raises(BadTestbed, match=r"target\[0\]: only \d+ of 200 prompts are new"):
+        build_testbed_data(spec)
