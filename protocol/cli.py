@@ -13,6 +13,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from protocol.certs_cli import add_certs_parser
+
 
 def add_conformance(commands: argparse._SubParsersAction) -> None:
     """`conformance`: run the protocol conformance suite against a live server."""
@@ -28,6 +30,7 @@ def add_conformance(commands: argparse._SubParsersAction) -> None:
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_conformance,
+    add_certs_parser,
 ]
 
 

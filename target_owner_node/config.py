@@ -227,6 +227,11 @@ class ServerConfig(_Section):
     drain_delay_s: float = Field(
         default=1.0, description="On SIGTERM, how long health reports NOT_SERVING before the port closes."
     )
+    health_address: str | None = Field(
+        default=None,
+        description="Optional plaintext HOST:PORT serving only grpc.health.v1 (for container health "
+        "checks, which hold no client certificate); keep it on loopback.",
+    )
 
     @field_validator("listen_address")
     @classmethod
@@ -234,6 +239,15 @@ class ServerConfig(_Section):
         _, port = split_address(v)
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in [0, 65535]; got {port}")
+        return v
+
+    @field_validator("health_address")
+    @classmethod
+    def _health_address(cls, v: str | None) -> str | None:
+        if v is not None:
+            _, port = split_address(v)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"port must be in [0, 65535]; got {port}")
         return v
 
     @field_validator("max_workers")
@@ -281,6 +295,20 @@ class StorageConfig(_Section):
         return v
 
 
+class MetricsConfig(_Section):
+    """Prometheus /metrics (counts, latencies, epsilon spend; never data). Off unless `port` is set."""
+
+    port: int | None = Field(default=None, description="Port of /metrics; unset = disabled, 0 = any free port.")
+    host: str = Field(default="127.0.0.1", description="Address /metrics listens on (loopback by default).")
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= 65535:
+            raise ValueError(f"must be in [0, 65535]; got {v}")
+        return v
+
+
 class AccessConfig(_Section):
     allowed_clients: list[str] | None = Field(
         default=None,
@@ -296,6 +324,7 @@ class OwnerConfig(_Section):
     server: ServerConfig = ServerConfig()
     storage: StorageConfig
     access: AccessConfig = AccessConfig()
+    metrics: MetricsConfig = MetricsConfig()
     config_path: Path | None = Field(
         default=None, exclude=True, description="Where this config was read from."
     )

@@ -35,6 +35,7 @@ from target_owner_node.evaluator import Scorer
 from target_owner_node.heldout import SplitFacts
 from target_owner_node.ledger import LedgerRelease, PendingRelease
 from target_owner_node.logs import log_event
+from target_owner_node.metrics import OwnerMetrics
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ReleaseService:
     audit: AuditLog
     budget: PrivacyBudget | None  # None when privacy is disabled
     random_source: object | None = None  # SecureRandom-like: normal(std, size), bernoulli_mask(n, p)
+    metrics: OwnerMetrics = field(default_factory=OwnerMetrics)  # start_server swaps in the served one
     _request_locks: dict = field(default_factory=lambda: defaultdict(threading.Lock), init=False)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -110,6 +112,7 @@ class ReleaseService:
                         request_id=request.request_id,
                     )
                     log_event("release_replayed", client=client, release_id=existing.pending.release_id)
+                    self.metrics.count_replay()
                     return self._result_of(existing)
                 pending = existing.pending
                 log_event("release_resumed", client=client, release_id=pending.release_id)
@@ -167,6 +170,7 @@ class ReleaseService:
                 )
                 log_event("release_refused", client=client, reason=error.reason, **error.metadata)
             raise
+        self.metrics.set_budget(budget)
         log_event(
             "release_charged",
             client=client,
@@ -223,7 +227,8 @@ class ReleaseService:
 
         checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
         started = time.monotonic()
-        scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
+        with self.metrics.evaluation():
+            scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
         log_event(
             "evaluated",
             split=split,
@@ -272,6 +277,7 @@ class ReleaseService:
             epsilon_this_release=result.epsilon_this_release,
             epsilon_spent_total=result.epsilon_spent_total,
         )
+        self.metrics.count_release(dp=self.budget is not None and request.split == FEEDBACK)
         log_event(
             "released",
             client=client,

@@ -25,6 +25,7 @@ from protocol.validation import ALLOWED_ARCHITECTURES, ALLOWED_JSON_FILES, MAX_C
 from target_owner_node.config import OwnerConfig, is_loopback, split_address
 from target_owner_node.evaluate_request import parse_evaluate_request
 from target_owner_node.logs import log_event
+from target_owner_node.metrics import MetricsEndpoint, OwnerMetrics, serve_metrics
 from target_owner_node.node import OwnerNode, open_node
 from target_owner_node.release import ReleaseResult
 
@@ -49,9 +50,10 @@ def _peer_identity(context: grpc.ServicerContext) -> str | None:
 
 
 class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
-    def __init__(self, node: OwnerNode) -> None:
+    def __init__(self, node: OwnerNode, metrics: OwnerMetrics | None = None) -> None:
         self.node = node
         self.config = node.config
+        self.metrics = metrics or node.releases.metrics
         self.shutting_down = threading.Event()
 
     # -- plumbing --------------------------------------------------------------------------
@@ -86,9 +88,9 @@ class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
                 )
             client = self._authorize(context)
             response = body(client)
-            log_event(
-                "rpc", method=method, client=client, ok=True, seconds=round(time.monotonic() - started, 3)
-            )
+            seconds = time.monotonic() - started
+            log_event("rpc", method=method, client=client, ok=True, seconds=round(seconds, 3))
+            self.metrics.observe_rpc(method, "OK", seconds)
             return response
         except ProtocolError as error:
             status_error = error
@@ -106,6 +108,7 @@ class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
             reason=status_error.reason,
             seconds=round(time.monotonic() - started, 3),
         )
+        self.metrics.observe_rpc(method, status_error.code.name, time.monotonic() - started)
         context.abort_with_status(status_error.to_status())
 
     # -- methods ---------------------------------------------------------------------------
@@ -133,6 +136,7 @@ class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
                 bytes_received=result.bytes_received,
                 reused=len(result.reused_files),
             )
+            self.metrics.observe_upload(result.bytes_received)
             return pb.UploadCheckpointResponse(
                 checkpoint_id=result.checkpoint_id,
                 bytes_received=result.bytes_received,
@@ -248,6 +252,10 @@ class RunningServer:
     node: OwnerNode
     servicer: TargetFeedbackServicer
     health: health.HealthServicer
+    metrics: OwnerMetrics | None = None
+    metrics_endpoint: MetricsEndpoint | None = None
+    health_server: grpc.Server | None = None  # the optional plaintext health-only port
+    health_port: int | None = None
 
     def shutdown(self, grace_s: float | None = None, drain_delay_s: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight calls finish, stop the worker."""
@@ -260,6 +268,10 @@ class RunningServer:
         if drain_delay_s > 0:
             time.sleep(drain_delay_s)  # lets health checkers see NOT_SERVING before the port closes
         self.server.stop(grace_s).wait()
+        if self.health_server is not None:
+            self.health_server.stop(0).wait()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.node.close()
         log_event("stopped")
 
@@ -282,12 +294,21 @@ def start_server(
     *,
     scorer: Any = None,
     random_source: Any = None,
+    metrics: OwnerMetrics | None = None,
 ) -> RunningServer:
-    """Open the node (all startup checks), bind `address` (default: config) and start serving."""
+    """Open the node (all startup checks), bind `address` (default: config) and start serving.
+
+    Also starts, when configured, the plaintext health-only port (server.health_address) and
+    the Prometheus endpoint ([metrics] port)."""
     address = address or config.server.listen_address
     if config.server.insecure and not is_loopback(split_address(address)[0]):
         raise ValueError(f"server.insecure: plaintext is only allowed on loopback addresses; got {address!r}")
     node = open_node(config, scorer=scorer, random_source=random_source)
+    metrics = metrics or OwnerMetrics()
+    node.releases.metrics = metrics
+    metrics.set_budget(node.budget)
+    server = health_server = metrics_endpoint = None
+    health_port = None
     try:
         interceptors = []
         if not config.server.insecure:
@@ -303,7 +324,7 @@ def start_server(
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = TargetFeedbackServicer(node)
+        servicer = TargetFeedbackServicer(node, metrics)
         pb_grpc.add_TargetFeedbackServiceServicer_to_server(servicer, server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -314,7 +335,16 @@ def start_server(
         if port == 0:
             raise OSError(f"could not bind {address}")
         server.start()
+        if config.server.health_address is not None:
+            health_server, health_port = _health_only_server(config.server.health_address, health_servicer)
+        if config.metrics.port is not None:
+            metrics_endpoint = serve_metrics(metrics, config.metrics.host, config.metrics.port)
     except BaseException:
+        for started in (health_server, server):
+            if started is not None:
+                started.stop(0)
+        if metrics_endpoint is not None:
+            metrics_endpoint.close()
         node.close()
         raise
     for name in ("", SERVICE_NAME):
@@ -326,8 +356,30 @@ def start_server(
         heldout_size=node.facts.heldout_size,
         dp=config.privacy.enabled,
         noise_multiplier=node.noise_multiplier,
+        health_port=health_port,
+        metrics_port=metrics_endpoint.port if metrics_endpoint else None,
     )
-    return RunningServer(server, port, node, servicer, health_servicer)
+    return RunningServer(
+        server, port, node, servicer, health_servicer, metrics, metrics_endpoint, health_server, health_port
+    )
+
+
+def _health_only_server(address: str, health_servicer: health.HealthServicer) -> tuple[grpc.Server, int]:
+    """A plaintext server with ONLY grpc.health.v1, sharing the main server's health state.
+
+    Container health checks run inside the owner's container and hold no client
+    certificate, so they cannot use the mTLS port; this port answers nothing else."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="owner-health"), options=[("grpc.so_reuseport", 0)]
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind server.health_address {address}")
+    server.start()
+    return server, port
 
 
 def create_server(config: OwnerConfig, address: str | None = None, **kwargs: Any) -> tuple[grpc.Server, int]:

@@ -1,0 +1,71 @@
+"""Each organization's TLS settings name the OTHER organization's CA.
+
+owner:   [tls] ca_cert = the trainer org's CA (verifies client certificates)
+trainer: ClientSettings.ca_cert = the owner org's CA (verifies the server)
+
+Checked over real mTLS against an in-process owner node: the right setup works; a client
+certificate minted by the owner's own CA, or a trainer that trusts its own CA for the
+server, fails; a CA bundle lets the owner accept an old and a new trainer CA during a CA
+rotation; a rotated client certificate needs nothing from the owner.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.certs_cli import init_ca, issue, rotate
+from trainer_node.feedback.client import FeedbackError, TargetFeedbackClient
+
+from .conftest import client_settings, in_process_owner, owner_config
+
+
+def _info(settings):
+    with TargetFeedbackClient(settings) as client:
+        return client.info()
+
+
+@pytest.fixture()
+def owner(tmp_path, data_dir, two_orgs):
+    with in_process_owner(owner_config(tmp_path / "storage", data_dir, two_orgs), tmp_path) as running:
+        yield running
+
+
+def test_cross_trust_works_and_conflated_trust_fails(owner, two_orgs, tmp_path):
+    target = f"localhost:{owner.port}"
+    assert _info(client_settings(two_orgs, target)).heldout_size > 0
+
+    # A "trainer" certificate issued by the OWNER's CA: the owner trusts only the trainer org's CA.
+    cert, key = issue(two_orgs.owner_ca, "client", "trainer", [], tmp_path / "minted")
+    with pytest.raises(FeedbackError):
+        _info(client_settings(two_orgs, target, client_cert=cert, client_key=key))
+
+    # A trainer that trusts its OWN CA for the server cannot verify the owner's certificate.
+    with pytest.raises(FeedbackError):
+        _info(client_settings(two_orgs, target, ca_cert=two_orgs.trainer_ca_cert))
+
+
+def test_rotated_client_certificate_needs_no_owner_change(owner, two_orgs, tmp_path):
+    import shutil
+
+    tls = tmp_path / "trainer-tls"
+    tls.mkdir()
+    for path in (two_orgs.client_cert, two_orgs.client_key):
+        shutil.copy2(path, tls / path.name)
+    cert, key = rotate(two_orgs.trainer_ca, tls / "client.pem", tls)
+    assert (tls / "client.pem.bak").exists()
+    target = f"localhost:{owner.port}"
+    assert _info(client_settings(two_orgs, target, client_cert=cert, client_key=key)).heldout_size > 0
+
+
+def test_ca_bundle_accepts_old_and_new_trainer_ca_during_a_ca_rotation(tmp_path, data_dir, two_orgs):
+    new_ca = tmp_path / "new-trainer-ca"
+    init_ca("trainer-org-2027", new_ca)
+    new_cert, new_key = issue(new_ca, "client", "trainer", [], tmp_path / "new-client")
+    bundle = tmp_path / "trainer-cas.pem"
+    bundle.write_bytes(two_orgs.trainer_ca_cert.read_bytes() + (new_ca / "ca.pem").read_bytes())
+    raw = owner_config(tmp_path / "storage", data_dir, two_orgs)
+    raw["tls"]["ca_cert"] = str(bundle)
+    with in_process_owner(raw, tmp_path) as running:
+        target = f"localhost:{running.port}"
+        assert _info(client_settings(two_orgs, target)).heldout_size > 0
+        assert _info(client_settings(two_orgs, target, client_cert=new_cert, client_key=new_key)).heldout_size > 0
