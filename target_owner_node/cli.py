@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-name", default="trainer", help="common name of the trainer's client certificate"
     )
     init.add_argument("--epsilon", type=float, default=4.0, help="total privacy budget epsilon (default 4)")
+    init.add_argument("--sample-rate", type=float, default=0.1,
+                      help="Poisson subsampling rate q of each release (default 0.1; 1 = every row)")
+    init.add_argument("--planned-releases", type=int, default=500,
+                      help="single-candidate releases the budget must cover; sets the noise (default 500)")
     init.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
     init.add_argument(
         "--canary-file",
@@ -114,6 +118,8 @@ def cmd_init(args: argparse.Namespace) -> int:
             client_name=args.client_name,
             epsilon=args.epsilon,
             dp_enabled=not args.no_dp,
+            sample_rate=args.sample_rate,
+            planned_releases=args.planned_releases,
             canaries=canaries,
         )
     except (FileExistsError, ValueError, KeyError) as error:

@@ -41,8 +41,8 @@ timeout_s = 1800
 enabled = {dp_enabled}
 epsilon_budget = {epsilon}           # total epsilon this node will ever spend
 delta = 1e-6                          # must be below 1 / held-out size
-planned_releases = 500                # the noise is calibrated so this many releases fit the budget
-sample_rate = 0.1                     # Poisson subsampling rate q (1.0 = every row)
+planned_releases = {planned_releases}                # the noise is calibrated so this many releases fit the budget
+sample_rate = {sample_rate}                     # Poisson subsampling rate q (1.0 = every row)
 accountant = "rdp"                    # or "prv"
 per_client_epsilon_cap = 0.0          # 0 = no per-client cap
 
@@ -98,6 +98,8 @@ def init_node(
     epsilon: float = 4.0,
     dp_enabled: bool = True,
     canaries: list[str] | None = None,
+    sample_rate: float = 0.1,
+    planned_releases: int = 500,
 ) -> InitResult:
     """Create a node folder. Refuses to overwrite an existing config.toml."""
     from protocol.tls import write_owner_pki
@@ -136,6 +138,8 @@ def init_node(
             prompt_template=_toml_string(template),
             dp_enabled="true" if dp_enabled else "false",
             epsilon=repr(float(epsilon)),
+            sample_rate=repr(float(sample_rate)),
+            planned_releases=int(planned_releases),
             client_name=_toml_string(client_name),
             **{
                 key: _toml_string(Path(pki[key]).relative_to(directory).as_posix())

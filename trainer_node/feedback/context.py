@@ -1,0 +1,119 @@
+"""OwnerFeedback: the FeedbackContext a data policy uses to learn from a remote target owner.
+
+It turns lookahead parameter sets into checkpoint directories, uploads them (only changed
+files travel), asks for ONE multi-candidate release on the owner's secret subsample, and
+paces queries so the privacy budget lasts the run. When the owner is unreachable or the
+budget is spent it returns None: training goes on with the policy's last state, and the
+log says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from rlvr_core.models.loading import save_policy
+from trainer_node.feedback.client import BudgetExhausted, FeedbackError, TargetFeedbackClient
+from trainer_node.feedback.pacing import BudgetPacer
+
+log = logging.getLogger("trainer_node.feedback")
+
+
+@dataclass
+class FeedbackStats:
+    queries: int = 0
+    failures: int = 0
+    candidates_evaluated: int = 0
+    epsilon_spent: float = 0.0
+    epsilon_remaining: float = 0.0
+    last_noise_std: float = 0.0
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+class OwnerFeedback:
+    """Implements trainer_node.policies.base.FeedbackContext against a live owner."""
+
+    def __init__(
+        self,
+        client: TargetFeedbackClient,
+        trainer: Any,  # GRPOTrainer: .model, .tokenizer, .lookahead_state_dicts(), .current_state_dict()
+        pacer: BudgetPacer,
+        decoding: pb.DecodingSettings,
+        workdir: Path,
+    ):
+        self.client = client
+        self.trainer = trainer
+        self.pacer = pacer
+        self.decoding = decoding
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stats = FeedbackStats()
+        self._scratch = None
+        self._step = 0
+
+    # --- FeedbackContext ----------------------------------------------------------------
+
+    def should_query(self, step: int) -> bool:
+        self._step = step
+        return self.pacer.should_query(step)
+
+    def candidates(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> list[Any]:
+        return self.trainer.lookahead_state_dicts(batch, weights)
+
+    def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
+        try:
+            ids = [self.upload_state(self.trainer.current_state_dict(), "base")]
+            ids += [self.upload_state(state, f"cand{i}") for i, state in enumerate(candidates)]
+            decoding = pb.DecodingSettings()
+            decoding.CopyFrom(self.decoding)
+            decoding.seed = self.decoding.seed + self._step  # fresh seed per query, shared by candidates
+            response = self.client.evaluate(ids, decoding, split=pb.SPLIT_FEEDBACK)
+        except BudgetExhausted as err:
+            self.pacer.mark_exhausted()
+            self.stats.failures += 1
+            log.warning("target owner budget exhausted; keeping the last sampler state (%s)", err.reason)
+            return None
+        except FeedbackError as err:
+            self.stats.failures += 1
+            log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
+            return None
+        privacy = response.privacy
+        self.pacer.record(self._step, privacy.epsilon_this_release, privacy.epsilon_remaining)
+        self.stats.queries += 1
+        self.stats.candidates_evaluated += len(ids)
+        self.stats.epsilon_spent = privacy.epsilon_spent_total
+        self.stats.epsilon_remaining = privacy.epsilon_remaining
+        self.stats.last_noise_std = privacy.noise_std
+        accuracies = [result.accuracy for result in response.results]
+        self.stats.log.append(
+            {
+                "step": self._step,
+                "candidates": len(ids),
+                "accuracies": accuracies,
+                "epsilon_this_release": privacy.epsilon_this_release,
+                "epsilon_spent": privacy.epsilon_spent_total,
+            }
+        )
+        return accuracies
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def upload_state(self, state_dict: dict[str, Any], label: str) -> str:
+        """Write parameters as an allowlisted checkpoint dir and upload it; returns its id."""
+        if self._scratch is None:
+            self._scratch = copy.deepcopy(self.trainer.model)
+        self._scratch.load_state_dict(state_dict)
+        out = self.workdir / label
+        if out.exists():
+            shutil.rmtree(out)
+        save_policy(self._scratch, self.trainer.tokenizer, out)
+        return self.client.upload(out)
+
+    def upload_current(self, label: str = "current") -> str:
+        return self.upload_state(self.trainer.current_state_dict(), label)
