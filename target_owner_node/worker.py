@@ -113,6 +113,13 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown (Ctrl+C hits the group)
     from target_owner_node.heldout import load_split
 
+    if not str(spec.device).startswith("cuda"):
+        import torch
+
+        # Small models on a shared CPU: spinning OpenMP threads are far slower than one
+        # thread when the trainer runs beside us (rlvr_core/models/threads.py).
+        torch.set_num_threads(1)
+
     try:
         splits = {"feedback": load_split(spec.heldout_path, spec.verifier)}
         if spec.test_path is not None:

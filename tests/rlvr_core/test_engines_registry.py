@@ -1,0 +1,81 @@
+"""Engine registry and the import-guarded vLLM engine."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from rlvr_core.engines import registry
+from rlvr_core.engines.base import GenerationEngine
+from rlvr_core.engines.transformers_engine import TransformersEngine
+from rlvr_core.models import load_policy, random_tiny_policy
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory):
+    path = random_tiny_policy(tmp_path_factory.mktemp("reg") / "model", ["Calculate 1 + 2.\nAnswer: 3"] * 4)
+    return load_policy(path)
+
+
+def test_builtin_engines_are_registered() -> None:
+    assert {"transformers", "vllm"} <= set(registry.engine_names())
+
+
+def test_build_engine_passes_device_and_options(policy) -> None:
+    model, tokenizer = policy
+    engine = registry.build_engine("transformers", model, tokenizer, device="cpu", batch_size=3)
+    assert isinstance(engine, TransformersEngine) and engine.batch_size == 3
+    assert isinstance(engine, GenerationEngine)
+
+
+def test_unknown_engine_lists_known_names(policy) -> None:
+    with pytest.raises(ValueError, match="unknown engine 'nope'.*transformers.*vllm"):
+        registry.build_engine("nope", *policy)
+
+
+def test_duplicate_registration_is_refused() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_engine("transformers", TransformersEngine)
+
+
+def test_register_engine_works_as_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+
+    @registry.register_engine("echo")
+    class EchoEngine(GenerationEngine):
+        def __init__(self, model, tokenizer, device="cpu", **options):
+            self.options = options
+
+        def generate(self, prompts, num_samples, params):
+            return [[] for _ in prompts]
+
+    engine = registry.build_engine("echo", None, None, flavour="x")
+    assert isinstance(engine, EchoEngine) and engine.options == {"flavour": "x"}
+
+
+def test_vllm_module_imports_without_vllm_and_engine_says_how_to_install(
+    policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = importlib.import_module("rlvr_core.engines.vllm_engine")
+    assert "unverified" in module.__doc__.lower()
+    monkeypatch.setattr(module, "vllm_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"gpu.*extra|extra.*gpu"):
+        registry.build_engine("vllm", *policy, device="cuda")
+
+
+def test_vllm_request_seeds_are_stable_and_distinct() -> None:
+    from rlvr_core.engines.vllm_engine import request_seed
+
+    seeds = [request_seed(7, index) for index in range(100)]
+    assert seeds == [request_seed(7, index) for index in range(100)]
+    assert len(set(seeds)) == 100 and all(0 <= s < 2**63 for s in seeds)
+    assert request_seed(8, 0) != seeds[0]
+
+
+def test_vllm_engine_refuses_cpu_when_installed(policy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    module = importlib.import_module("rlvr_core.engines.vllm_engine")
+    monkeypatch.setattr(module, "vllm_available", lambda: True)
+    with pytest.raises(ValueError, match="CUDA"):
+        module.VLLMEngine(*policy, device="cpu")
