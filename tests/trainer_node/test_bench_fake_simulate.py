@@ -1,0 +1,122 @@
+"""A fake `trainer-node simulate` for the bench tests (run as a script), and a check that it
+writes what the real one writes.
+
+It takes the real command line (--method --testbed --seed --steps --out --config [--no-dp]),
+reads the run config the bench wrote, and leaves summary.json, metrics.jsonl and
+resolved_config.json shaped like trainer_node/simulate.py's, with deterministic numbers:
+accuracy = a per-seed offset shared by all methods (what matched seeds buy) + a per-method
+bonus + small per-(method, seed) noise. `options.fake_fail = true` makes it exit 3;
+`options.fake_sleep = S` sleeps S seconds first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+BONUS = {"uniform": 0.0, "dapo": 0.01, "greso": 0.012, "ar3po": 0.015, "l2rr": 0.05, "oracle": 0.06}
+ROLLOUTS_PER_STEP = {"uniform": 64, "dapo": 80, "greso": 48, "ar3po": 40, "l2rr": 40, "oracle": 64}
+CLUSTERS = ("add:easy", "add:medium", "sub:medium", "spell")
+
+
+def _unit(*parts: object) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def fake_accuracy(method: str, options: dict, seed: int, progress: float) -> dict[str, float]:
+    lam = options.get("lambda_waste", 0.25) if options.get("waste_penalty", True) else 0.0
+    bonus = BONUS[method] - (0.04 * abs(lam - 0.25) if method == "l2rr" else 0.0)
+    base = 0.30 + 0.05 * _unit("seed", seed) + progress * (bonus + 0.004 * _unit(method, lam, seed))
+    return {"add": round(base + 0.02, 6), "sub": round(base - 0.02, 6)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    for flag in ("--method", "--testbed", "--out", "--config"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--no-dp", action="store_true")
+    args = parser.parse_args(argv)
+    config = tomllib.loads(Path(args.config).read_text())
+    options = config["policy"].get("options", {})
+    if options.get("fake_sleep"):
+        import time
+
+        time.sleep(options["fake_sleep"])  # SIGINT (the bench's timeout) interrupts this
+    if options.get("fake_fail"):
+        print("fake simulate: failing on purpose", file=sys.stderr)
+        return 3
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_every = config["run"].get("eval_every", 0)
+    per_step = ROLLOUTS_PER_STEP[args.method]
+    lines, rollouts = [], 0
+
+    def evaluation(step: int) -> dict:
+        domains = fake_accuracy(args.method, options, args.seed, step / args.steps)
+        return {"kind": "eval", "name": "target_test", "step": step, "rollouts_cumulative": step * per_step,
+                "accuracy": sum(domains.values()) / 2, **{f"accuracy/{d}": a for d, a in domains.items()}}
+
+    before = evaluation(0)
+    lines.append(before)
+    for step in range(args.steps):
+        rollouts += per_step
+        record = {"kind": "train", "step": step, "rollouts_cumulative": rollouts, "reward_mean": 0.1}
+        if args.method == "l2rr":
+            for i, cluster in enumerate(CLUSTERS):
+                record[f"q/{cluster}"] = (1 + i * step / args.steps) / (len(CLUSTERS) + 1.5 * step / args.steps)
+                record[f"waste/{cluster}"] = float(min(step, 18) * (i % 2))
+        lines.append(record)
+        if eval_every and step + 1 < args.steps and (step + 1) % eval_every == 0:
+            lines.append(evaluation(step + 1))
+    after = evaluation(args.steps)
+    lines.append(after)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    resolved = json.loads(json.dumps(config))
+    resolved["run"]["out_dir"] = str(out)
+    (out / "resolved_config.json").write_text(json.dumps(resolved))
+    summary = {
+        "method": args.method, "testbed": args.testbed, "seed": args.seed, "steps": args.steps,
+        "target_accuracy_before": before["accuracy"], "target_accuracy_after": after["accuracy"],
+        "target_domain_accuracy_before": {"add": before["accuracy/add"], "sub": before["accuracy/sub"]},
+        "target_domain_accuracy_after": {"add": after["accuracy/add"], "sub": after["accuracy/sub"]},
+        "rollouts": rollouts, "epsilon_spent": 0.0 if args.no_dp else 0.5, "epsilon_budget": 0.0 if args.no_dp else 4.0,
+        "dp_enabled": not args.no_dp, "wall_seconds": 0.01,
+    }
+    (out / "summary.json").write_text(json.dumps(summary))
+    return 0
+
+
+def _real_summary_keys() -> set[str]:
+    """SUMMARY_KEYS of trainer_node/simulate.py, read without importing torch and grpc."""
+    import ast
+
+    import trainer_node
+
+    source = (Path(trainer_node.__file__).parent / "simulate.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SUMMARY_KEYS" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("trainer_node/simulate.py has no SUMMARY_KEYS")
+
+
+def test_fake_writes_every_key_the_real_simulate_promises(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[policy]\nname = "l2rr"\noptions = {}\n[run]\neval_every = 2\n')
+    assert main(["--method", "l2rr", "--testbed", "default", "--seed", "1", "--steps", "4",
+                 "--out", str(tmp_path / "run"), "--config", str(config)]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert _real_summary_keys() | {"target_domain_accuracy_after"} <= set(summary)
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert kinds.count("train") == 4 and kinds.count("eval") == 3  # before, step 2, final
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,102 @@
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from tests.trainer_node.test_bench_runner import FakeSimulate
+from trainer_node.bench import runner
+from trainer_node.bench.cli import write_outputs
+from trainer_node.bench.spec import parse_spec, plan_runs
+
+SPEC = {
+    "name": "report-test", "seeds": [0, 1, 2], "steps": 6, "config": {"run": {"eval_every": 2}},
+    "methods": [
+        {"label": "uniform", "policy": "uniform"},
+        {"label": "dapo", "policy": "dapo"},
+        {"label": "l2rr", "policy": "l2rr"},
+        {"label": "l2rr-no-waste", "policy": "l2rr", "group": "ablation", "options": {"waste_penalty": False}},
+        {"label": "l2rr-lambda1.0", "policy": "l2rr", "group": "sweep", "options": {"lambda_waste": 1.0}},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    spec = parse_spec(SPEC)
+    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    report = write_outputs(spec, records, out)
+    return out, records, report.read_text(), json.loads((out / "results.json").read_text())
+
+
+def balanced(records, label):
+    """Hand-computed per-seed balanced accuracy of `label`, from the records."""
+    return {r["seed"]: np.mean(list(r["summary"]["target_domain_accuracy_after"].values()))
+            for r in records if r["label"] == label}
+
+
+def row(report, label):
+    return next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+
+
+def test_table1_row_shows_the_numbers_of_the_records(bench_out):
+    _, records, report, _ = bench_out
+    l2rr, control = balanced(records, "l2rr"), balanced(records, "uniform")
+    values = list(l2rr.values())
+    line = row(report, "l2rr")
+    assert f"{100 * np.mean(values):.1f} ± {100 * np.std(values, ddof=1):.1f}" in line
+    add = [r["summary"]["target_domain_accuracy_after"]["add"] for r in records if r["label"] == "l2rr"]
+    assert f"{100 * np.mean(add):.1f} ± {100 * np.std(add, ddof=1):.1f}" in line
+    diffs = np.array([l2rr[s] - control[s] for s in (0, 1, 2)])
+    half = scipy_stats.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
+    assert f"{100 * diffs.mean():+.2f}" in line
+    assert f"[{100 * (diffs.mean() - half):+.2f}, {100 * (diffs.mean() + half):+.2f}]" in line
+    rollouts = [r["summary"]["rollouts"] for r in records if r["label"] == "l2rr"]
+    control_rollouts = [r["summary"]["rollouts"] for r in records if r["label"] == "uniform"]
+    assert f"{np.mean(rollouts):,.0f}" in line and f"{np.mean(control_rollouts) / np.mean(rollouts):.2f}×" in line
+    assert line.rstrip(" |").endswith("yes | 3")  # the fake's L2RR bonus is far above its noise
+    assert "(control)" in row(report, "uniform")
+
+
+def test_tables_2_and_sweep_and_reach_are_present(bench_out):
+    _, _, report, results = bench_out
+    assert "### Table 2: L2RR ablations" in report
+    assert "| l2rr (full) |" in report and "| l2rr-no-waste |" in report
+    table1 = report.split("### Table 1")[1].split("### Table 2")[0]
+    assert "l2rr-no-waste" not in table1 and "l2rr-lambda1.0" not in table1
+    sweep = report.split("λ sweep")[1]
+    assert "| 1 | l2rr-lambda1.0 |" in sweep and "| 0.25 | l2rr |" in sweep
+    assert "Rollouts to reach uniform's final accuracy" in report
+    methods = results["testbeds"]["default"]["methods"]
+    # The fake's uniform never beats its own final mean before the end: reached at its last eval.
+    assert methods["uniform"]["reach_control"]["mean_curve"] == 6 * 64
+    assert methods["l2rr"]["reach_control"]["mean_curve"] < 6 * 40  # better per rollout: earlier
+
+
+def test_results_json_holds_every_per_seed_record_and_the_statistics(bench_out):
+    _, records, _, results = bench_out
+    assert len(results["runs"]) == len(records) == 15 and results["run_counts"] == {"ok": 15}
+    l2rr = results["testbeds"]["default"]["methods"]["l2rr"]
+    assert set(l2rr["per_seed"]) == {"0", "1", "2"}
+    assert l2rr["delta_vs_control"]["seeds"] == [0, 1, 2] and l2rr["delta_vs_control"]["excludes_zero"]
+    assert l2rr["ro_ratio"] == pytest.approx(64 / 40)
+    assert l2rr["dynamics"]["steps"] == list(range(6)) and "add:medium" in l2rr["dynamics"]["q"]
+    assert [p["step"] for p in l2rr["curve"]] == [0, 2, 4, 6]
+
+
+def test_figures_are_written_and_linked(bench_out):
+    out, _, report, _ = bench_out
+    for name in ("accuracy_vs_rollouts_default.png", "lambda_sweep_default.png", "sampling_share_default.png"):
+        assert (out / name).stat().st_size > 1000
+        assert f"({name})" in report
+
+
+def test_failed_runs_are_listed_and_left_out_of_the_statistics(tmp_path):
+    spec = parse_spec({**SPEC, "seeds": [0, 1], "methods": [
+        SPEC["methods"][0], {"label": "broken", "policy": "uniform", "options": {"fake_fail": True}}]})
+    records, _ = runner.run_all(plan_runs(spec), tmp_path, workers=2, command_builder=FakeSimulate(), progress=False)
+    report = write_outputs(spec, records, tmp_path).read_text()
+    assert "## Runs without results" in report and "| default__broken__seed0 | failed | exit code 3 |" in report
+    assert row(report, "broken").endswith("| n/a | n/a | n/a | n/a | 0 |")

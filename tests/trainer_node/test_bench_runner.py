@@ -1,0 +1,163 @@
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer_node.bench import add_bench_parser, runner
+from trainer_node.bench.spec import parse_spec, plan_runs
+
+FAKE = Path(__file__).with_name("test_bench_fake_simulate.py")
+
+
+class FakeSimulate:
+    """A CommandBuilder: the real simulate argv, but running the fake script; counts launches."""
+
+    def __init__(self):
+        self.launched: list[str] = []
+
+    def __call__(self, run, run_dir, config_path):
+        self.launched.append(run.run_id)
+        argv = runner.simulate_command(run, run_dir, config_path)
+        assert argv[1:4] == ["-m", "trainer_node.cli", "simulate"]
+        return [sys.executable, str(FAKE), *argv[4:]]
+
+
+def make_spec(l2rr_options=None, extra_methods=()):
+    return parse_spec({
+        "name": "t", "seeds": [0, 1], "steps": 6, "config": {"run": {"eval_every": 2}},
+        "methods": [{"label": "uniform", "policy": "uniform"},
+                    {"label": "l2rr", "policy": "l2rr", "options": l2rr_options or {}}, *extra_methods],
+    })
+
+
+def test_runs_write_records_and_resume_skips_matching_ones(tmp_path):
+    fake = FakeSimulate()
+    records, skipped = runner.run_all(plan_runs(make_spec()), tmp_path, workers=2, command_builder=fake, progress=False)
+    assert skipped == [] and len(fake.launched) == 4
+    assert all(r["status"] == "ok" for r in records)
+    record = json.loads((tmp_path / "records" / "default__l2rr__seed1.json").read_text())
+    assert record["summary"]["seed"] == 1 and record["summary"]["method"] == "l2rr"
+    assert len(record["config_hash"]) == 64 and record["git_commit"]
+    assert record["wall_seconds"] >= 0 and "--seed 1" in record["command"]
+    assert (tmp_path / "runs" / "default" / "l2rr" / "seed1" / "summary.json").is_file()
+    assert (tmp_path / "configs" / "default__l2rr__seed1.toml").is_file()
+
+    again = FakeSimulate()
+    records, skipped = runner.run_all(plan_runs(make_spec()), tmp_path, workers=2, command_builder=again, progress=False)
+    assert again.launched == [] and len(skipped) == 4 and all(r["status"] == "ok" for r in records)
+
+    changed = FakeSimulate()  # a changed option re-runs that method only
+    runner.run_all(plan_runs(make_spec({"lambda_waste": 1.0})), tmp_path, workers=1, command_builder=changed,
+                   progress=False)
+    assert sorted(changed.launched) == ["default__l2rr__seed0", "default__l2rr__seed1"]
+
+
+def test_a_run_without_summary_is_rerun_even_with_a_record(tmp_path):
+    runs = plan_runs(make_spec())
+    runner.run_all(runs, tmp_path, workers=1, command_builder=FakeSimulate(), progress=False)
+    (runs[0].run_dir(tmp_path) / "summary.json").unlink()
+    fake = FakeSimulate()
+    runner.run_all(runs, tmp_path, workers=1, command_builder=fake, progress=False)
+    assert fake.launched == [runs[0].run_id]
+
+
+def test_a_failing_run_is_recorded_and_the_others_finish(tmp_path):
+    spec = make_spec(extra_methods=[{"label": "broken", "policy": "uniform", "options": {"fake_fail": True}}])
+    records, _ = runner.run_all(plan_runs(spec), tmp_path, workers=2, command_builder=FakeSimulate(), progress=False)
+    by_status = {}
+    for r in records:
+        by_status.setdefault(r["status"], []).append(r["label"])
+    assert sorted(by_status["failed"]) == ["broken", "broken"] and len(by_status["ok"]) == 4
+    failed = next(r for r in records if r["status"] == "failed")
+    assert failed["error"] == "exit code 3" and "failing on purpose" in failed["log_tail"]
+    # A launcher that raises is a failed run too, not a crashed bench.
+    def explode(run, run_dir, config_path):
+        raise OSError("no such interpreter")
+    record = runner.execute_run(plan_runs(spec)[0], tmp_path, explode)
+    assert record["status"] == "failed" and "no such interpreter" in record["error"]
+
+
+def test_a_summary_for_another_run_is_rejected(tmp_path):
+    run = plan_runs(make_spec())[0]
+    def wrong_seed(run_, run_dir, config_path):
+        argv = FakeSimulate()(run_, run_dir, config_path)
+        argv[argv.index("--seed") + 1] = "99"
+        return argv
+    record = runner.execute_run(run, tmp_path, wrong_seed)
+    assert record["status"] == "failed" and "seed=99" in record["error"]
+
+
+def bench(argv):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", *argv])
+    return args.run(args)
+
+
+def test_list_runs_then_external_execution_then_report_only(tmp_path, capsys):
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text('name = "t"\nseeds = [0, 1]\nsteps = 4\n[config.run]\neval_every = 2\n'
+                         '[[methods]]\nlabel = "uniform"\npolicy = "uniform"\n'
+                         '[[methods]]\nlabel = "l2rr"\npolicy = "l2rr"\n')
+    out = tmp_path / "out"
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--list-runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all(" simulate --method " in line for line in lines)
+    for line in lines[:3]:  # "another machine" runs three of them
+        argv = shlex.split(line)
+        subprocess.run([sys.executable, str(FAKE), *argv[4:]], check=True)
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--report-only"]) == 1  # one run missing
+    captured = capsys.readouterr()
+    assert "3 of 4 runs have results" in captured.out and "missing" in captured.err
+    results = json.loads((out / "results.json").read_text())
+    assert results["run_counts"] == {"missing": 1, "ok": 3}
+    assert (out / "report.md").is_file() and (out / "records").is_dir()
+
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "3 done, 1 to run" in plan
+
+
+def test_report_only_refuses_a_run_dir_with_other_options(tmp_path):
+    runs = plan_runs(make_spec())
+    run = next(r for r in runs if r.label == "l2rr")
+    other = next(r for r in plan_runs(make_spec({"lambda_waste": 1.0})) if r.run_id == run.run_id)
+    argv = FakeSimulate()(other, other.run_dir(tmp_path), runner.write_run_config(tmp_path, other))
+    subprocess.run(argv, check=True)  # filled "elsewhere" with lambda 1.0
+    record = next(r for r in runner.gather_records(runs, tmp_path) if r["id"] == run.run_id)
+    assert record["status"] == "stale" and "policy.options" in record["error"]
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--timeout"])
+def test_cli_flags_parse(flag, tmp_path, capsys):
+    assert bench(["--profile", "quick", "--out", str(tmp_path), "--dry-run", flag, "2"]) == 0
+    assert "9 runs" in capsys.readouterr().out
+
+
+def test_report_only_refuses_a_run_dir_with_other_config_overrides(tmp_path):
+    runs = plan_runs(make_spec())
+    other_spec = parse_spec({**make_spec().model_dump(), "config": {"run": {"eval_every": 3}}})
+    other = plan_runs(other_spec)[0]
+    subprocess.run(FakeSimulate()(other, other.run_dir(tmp_path), runner.write_run_config(tmp_path, other)), check=True)
+    record = runner.gather_records(runs, tmp_path)[0]
+    assert record["status"] == "stale" and "run.eval_every" in record["error"]
+
+
+def test_a_run_past_its_timeout_is_interrupted_and_recorded(tmp_path):
+    spec = parse_spec({"seeds": [0], "steps": 2, "control": "slow",
+                       "methods": [{"label": "slow", "policy": "uniform", "options": {"fake_sleep": 60}}]})
+    record = runner.execute_run(plan_runs(spec)[0], tmp_path, FakeSimulate(), timeout=1.0)
+    assert record["status"] == "failed" and record["error"] == "timed out after 1.0 s"
+    assert record["wall_seconds"] < 30  # SIGINT stopped it; no SIGKILL grace needed
+
+
+def test_with_several_workers_one_run_per_testbed_goes_first():
+    spec = parse_spec({**make_spec().model_dump(), "testbeds": ["default", "small"]})
+    runs = plan_runs(spec)
+    first, rest = runner._phases(runs, workers=4)
+    assert sorted(r.testbed for r in first) == ["default", "small"] and len(first) + len(rest) == len(runs)
+    assert runner._phases(runs, workers=1) == [runs]

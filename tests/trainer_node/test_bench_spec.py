@@ -1,0 +1,112 @@
+import tomllib
+
+import pytest
+
+from trainer_node.bench import tomlwrite
+from trainer_node.bench.spec import BenchSpecError, load_profile, load_spec, parse_spec, plan_runs
+
+BASE = {"seeds": [0, 1], "steps": 4, "methods": [{"label": "uniform", "policy": "uniform"},
+                                                  {"label": "l2rr", "policy": "l2rr"}]}
+
+
+def spec_with(**changes):
+    raw = {**BASE, **changes}
+    return parse_spec(raw, source="test.toml")
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"methods": [{"label": "uniform", "policy": "uniformm"}]}, "methods[0].policy"),
+    ({"methods": [{"label": "uniform", "policy": "uniform", "optoins": {}}]}, "methods[0].optoins"),
+    ({"methods": [{"label": "a b", "policy": "uniform"}], "control": "a b"}, "methods[0].label"),
+    ({"control": "dapo"}, "control"),
+    ({"seeds": [1, 1]}, "seeds"),
+    ({"seeds": []}, "seeds"),
+    ({"steps": 0}, "steps"),
+    ({"testbeds": ["no-such-testbed"]}, "testbeds"),
+    ({"workers": 0}, "workers"),
+    ({"config": {"run": {"seed": 3}}}, "config"),
+    ({"methods": [{"label": "uniform", "policy": "uniform", "group": "sweep"}]}, "methods[0]"),
+    ({"methods": [{"label": "uniform", "policy": "uniform"}, {"label": "uniform", "policy": "dapo"}]}, "methods"),
+    ({"stpes": 3}, "stpes"),
+])
+def test_spec_errors_name_the_field(changes, field):
+    with pytest.raises(BenchSpecError) as error:
+        spec_with(**changes)
+    assert f"  {field}:" in str(error.value), str(error.value)
+
+
+def test_missing_required_field_is_named():
+    with pytest.raises(BenchSpecError, match="  steps: required"):
+        parse_spec({"seeds": [0], "methods": [{"label": "uniform", "policy": "uniform"}]})
+
+
+def test_bad_simulate_override_is_caught_when_planning_and_names_method_and_field():
+    spec = spec_with(methods=[{"label": "uniform", "policy": "uniform"},
+                              {"label": "fast", "policy": "l2rr", "config": {"grpo": {"lr": -1}}}])
+    with pytest.raises(BenchSpecError, match=r"(?s)methods\[1\] \(fast\).*\n  grpo\.lr: "):
+        plan_runs(spec)
+
+
+def test_load_spec_reports_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(BenchSpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("seeds = [0,\n")
+    with pytest.raises(BenchSpecError, match="not valid TOML"):
+        load_spec(bad)
+
+
+def test_every_method_gets_exactly_the_same_seeds_and_testbeds():
+    spec = spec_with(seeds=[3, 1, 7], testbeds=["default", "small"],
+                     methods=[{"label": "uniform", "policy": "uniform"}, {"label": "dapo", "policy": "dapo"},
+                              {"label": "l2rr-x", "policy": "l2rr", "options": {"lambda_waste": 1.0}}])
+    runs = plan_runs(spec)
+    assert len(runs) == 3 * 3 * 2
+    cells = {label: sorted((r.testbed, r.seed) for r in runs if r.label == label) for label in ("uniform", "dapo", "l2rr-x")}
+    assert cells["uniform"] == cells["dapo"] == cells["l2rr-x"] == sorted((t, s) for t in ("default", "small") for s in (1, 3, 7))
+    for run in runs:  # the seed reaches the simulate config, which seeds the policy rng and data order
+        assert run.config["run"]["seed"] == run.seed and run.config["data"]["testbed"] == run.testbed
+        assert run.config["policy"]["name"] == run.policy and "out_dir" not in run.config["run"]
+    assert len({r.run_id for r in runs}) == len(runs)
+
+
+def test_config_hash_changes_with_options_and_not_with_anything_else_planned_the_same():
+    first = plan_runs(spec_with())
+    again = plan_runs(spec_with())
+    assert [r.config_hash for r in first] == [r.config_hash for r in again]
+    changed = plan_runs(spec_with(methods=[{"label": "uniform", "policy": "uniform"},
+                                           {"label": "l2rr", "policy": "l2rr", "options": {"lambda_waste": 0.1}}]))
+    for old, new in zip(first, changed, strict=True):
+        assert (old.config_hash == new.config_hash) == (old.label == "uniform")
+
+
+def test_config_overrides_merge_with_method_winning():
+    spec = spec_with(config={"run": {"eval_every": 2}, "grpo": {"lr": 1e-4}},
+                     methods=[{"label": "uniform", "policy": "uniform", "config": {"grpo": {"lr": 5e-4}}}],
+                     control="uniform")
+    config = plan_runs(spec)[0].config
+    assert config["run"]["eval_every"] == 2 and config["grpo"]["lr"] == 5e-4
+    assert config["model"]["tiny"] is True  # simulate defaults kept
+
+
+def test_run_config_round_trips_through_the_toml_writer():
+    spec = spec_with(methods=[{"label": "l2rr", "policy": "l2rr", "options": {"lambda_waste": 0.05, "estimator": "spsa",
+                                                                            "learn_q": False}}], control="l2rr")
+    config = plan_runs(spec)[0].config
+    assert tomllib.loads(tomlwrite.dumps(config)) == config
+
+
+def test_builtin_profiles_are_valid_and_sized_as_promised():
+    quick, full = load_profile("quick"), load_profile("full")
+    assert [m.label for m in quick.methods] == ["uniform", "dapo", "l2rr"] and len(quick.seeds) == 3
+    assert len(plan_runs(quick)) == 9
+    assert len(full.seeds) == 12 and full.control == "uniform"
+    labels = {m.label: m for m in full.methods}
+    assert {"uniform", "dapo", "greso", "ar3po", "l2rr"} <= {m.label for m in full.methods if m.group == "main"}
+    ablations = [m.options for m in full.methods if m.group == "ablation"]
+    assert {"waste_penalty": False} in ablations and {"rollout_allocation": False} in ablations
+    assert {"learn_q": False} in ablations
+    assert sorted(m.options["lambda_waste"] for m in full.methods if m.group == "sweep") == [0.05, 0.5, 1.0]
+    assert labels["l2rr"].options == {}
+    with pytest.raises(BenchSpecError, match="unknown profile"):
+        load_profile("huge")

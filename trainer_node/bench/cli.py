@@ -1,0 +1,102 @@
+"""`trainer-node bench`: plan, run, resume and report a benchmark (see trainer_node.bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+DEFAULT_OUT_ROOT = Path("bench_runs")
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `bench` subcommand (sets run=run_bench, the trainer CLI's convention)."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="compare data policies over matched seeds: paired CIs, RO ratios, the paper's tables",
+        description=(
+            "Run every (testbed, method, seed) of a bench spec as one `trainer-node simulate`\n"
+            "subprocess, then write OUT/report.md (Table 1, Table 2, lambda sweep), PNG figures\n"
+            "and OUT/results.json. Finished runs with an unchanged config are skipped (resume)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  trainer-node bench --profile quick                 # 3 seeds: uniform, dapo, l2rr\n"
+            "  trainer-node bench --spec my.toml --dry-run        # the plan, nothing run\n"
+            "  trainer-node bench --profile full --list-runs > runs.txt   # for GNU parallel / Slurm / Ray\n"
+            "  trainer-node bench --profile full --report-only    # gather records, write the report\n"
+            "spec reference: trainer_node/bench/profiles/full.toml"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", type=Path, help="a bench spec TOML")
+    source.add_argument("--profile", metavar="quick|full", help="a built-in spec (trainer_node/bench/profiles/)")
+    parser.add_argument("--out", type=Path, help="output directory (default: bench_runs/<spec name>)")
+    parser.add_argument("--workers", type=int, help="concurrent runs (default: spec.workers or cpu_count // 2)")
+    parser.add_argument("--timeout", type=float, help="seconds before one run is killed and recorded as failed")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the planned runs and which would be skipped")
+    mode.add_argument("--list-runs", action="store_true",
+                      help="write the run configs and print one simulate command per pending run, one per line")
+    mode.add_argument("--report-only", action="store_true",
+                      help="run nothing: gather records (or run dirs filled elsewhere) and write the report")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Exit code: 0 when every planned run has results, 1 when some failed or are missing."""
+    from trainer_node.bench import runner
+    from trainer_node.bench.spec import BenchSpecError, load_profile, load_spec, plan_runs
+
+    spec = load_spec(args.spec) if args.spec else load_profile(args.profile)
+    out = args.out or DEFAULT_OUT_ROOT / spec.name
+    if args.workers is not None and args.workers < 1:
+        raise BenchSpecError(f"--workers must be >= 1, got {args.workers}")
+    workers = args.workers or spec.resolved_workers()
+    runs = plan_runs(spec)
+
+    if args.dry_run:
+        done = sum(runner.is_done(out, run) for run in runs)
+        print(f"bench {spec.name!r}: {len(runs)} runs ({len(spec.methods)} methods x {len(spec.seeds)} seeds x "
+              f"{len(spec.testbeds)} testbeds), {done} done, {len(runs) - done} to run, {workers} workers, out {out}")
+        for run in runs:
+            state = "done" if runner.is_done(out, run) else "run "
+            print(f"  {state} {run.run_id}  hash {run.config_hash[:12]}")
+        return 0
+    if args.list_runs:
+        for run in runs:
+            if not runner.is_done(out, run):
+                command = runner.simulate_command(run, run.run_dir(out), runner.write_run_config(out, run))
+                print(shlex.join(command))
+        return 0
+
+    if args.report_only:
+        records = runner.gather_records(runs, out)
+    else:
+        records, skipped = runner.run_all(runs, out, workers, progress=not args.no_progress, timeout=args.timeout)
+        if skipped:
+            print(f"bench: {len(skipped)} of {len(runs)} runs already done (same config hash), skipped", file=sys.stderr)
+    report = write_outputs(spec, records, out)
+    bad = [r for r in records if r.get("status") != "ok"]
+    print(f"bench: {len(records) - len(bad)} of {len(records)} runs have results; report {report}")
+    for record in bad:
+        print(f"  {record['status']}: {record['id']}: {(record.get('error') or '').splitlines()[0] if record.get('error') else ''}",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+def write_outputs(spec, records, out: Path) -> Path:
+    """results.json, the figures and report.md, all from the records."""
+    from trainer_node.bench.plots import write_plots
+    from trainer_node.bench.report import write_report
+    from trainer_node.bench.results import compute_results, json_safe
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = compute_results(spec, records, out)
+    (out / "results.json").write_text(json.dumps(json_safe(results), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return write_report(results, out, write_plots(results, out))

@@ -1,0 +1,109 @@
+"""PNG figures from results.json (never from anything else), one set per testbed:
+
+- accuracy_vs_rollouts_<tb>.png: each method's seed-mean balanced accuracy against its
+  seed-mean cumulative rollouts at every evaluation, with a min-max band over seeds;
+- lambda_sweep_<tb>.png (Figure 2): final balanced accuracy against L2RR's waste weight λ,
+  with t-interval bars over seeds;
+- sampling_share_<tb>.png (Figure 1): the L2RR sampler's mass per cluster over training and
+  the waste counter per cluster, both mean over seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+    return path
+
+
+def accuracy_vs_rollouts(tb: dict[str, Any], path: Path) -> Path | None:
+    methods = [m for m in tb["methods"].values() if m["curve"]]
+    if not methods:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in methods:
+        x = [row["rollouts_mean"] for row in m["curve"]]
+        ax.plot(x, [100 * row["accuracy_mean"] for row in m["curve"]], marker="o", label=m["label"])
+        ax.fill_between(x, [100 * row["accuracy_min"] for row in m["curve"]],
+                        [100 * row["accuracy_max"] for row in m["curve"]], alpha=0.15)
+    if tb["control_final_balanced"] is not None:
+        ax.axhline(100 * tb["control_final_balanced"], color="grey", linestyle=":", linewidth=1,
+                   label="control final")
+    ax.set_xlabel("cumulative source rollouts (mean over seeds)")
+    ax.set_ylabel("balanced target test accuracy (%)")
+    ax.set_title(f"accuracy vs rollouts ({tb['testbed']}; band = min-max over seeds)")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def lambda_sweep(tb: dict[str, Any], path: Path) -> Path | None:
+    points = sorted((m for m in tb["methods"].values()
+                     if m["lambda"] is not None and m["balanced"]["mean"] is not None
+                     and (m["group"] == "sweep" or (m["group"] == "main" and set(m["options"]) <= {"lambda_waste"}))),
+                    key=lambda m: m["lambda"])
+    if not any(m["group"] == "sweep" for m in points):
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = [m["lambda"] for m in points]
+    y = [100 * m["balanced"]["mean"] for m in points]
+    low = [100 * (m["balanced"]["mean"] - m["balanced_ci"]["low"]) if m["balanced_ci"]["low"] is not None else 0
+           for m in points]
+    high = [100 * (m["balanced_ci"]["high"] - m["balanced"]["mean"]) if m["balanced_ci"]["high"] is not None else 0
+            for m in points]
+    ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=4)
+    ax.set_xticks(x, [f"{v:g}" for v in x])
+    ax.set_xlabel("waste weight λ")
+    ax.set_ylabel("balanced target test accuracy (%)")
+    ax.set_title(f"L2RR λ sweep ({tb['testbed']}; bars = 95% t interval)")
+    return _save(fig, path)
+
+
+def sampling_share(tb: dict[str, Any], path: Path) -> Path | None:
+    dynamics = next((m["dynamics"] for m in tb["methods"].values()
+                     if m.get("dynamics") and m["group"] == "main"), None)
+    dynamics = dynamics or next((m["dynamics"] for m in tb["methods"].values() if m.get("dynamics")), None)
+    if not dynamics:
+        return None
+    plt = _plt()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    steps = dynamics["steps"]
+    for cluster, series in dynamics["q"].items():
+        top.plot(steps, series, label=cluster)
+    for cluster, series in dynamics["waste"].items():
+        bottom.plot(steps, series, label=cluster)
+    top.set_ylabel("sampling share q")
+    top.set_title(f"L2RR sampler over training ({tb['testbed']}; mean over seeds)")
+    top.legend(fontsize="x-small", ncol=2)
+    bottom.set_ylabel("waste counter")
+    bottom.set_xlabel("step")
+    return _save(fig, path)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
+    """Write every figure that has data; returns {testbed key: {title: path relative to out}}."""
+    out = Path(out)
+    figures: dict[str, dict[str, str]] = {}
+    for key, tb in results["testbeds"].items():
+        made = {
+            "Accuracy vs cumulative rollouts": accuracy_vs_rollouts(tb, out / f"accuracy_vs_rollouts_{key}.png"),
+            "Figure 2: λ sweep": lambda_sweep(tb, out / f"lambda_sweep_{key}.png"),
+            "Figure 1: sampling share and waste per cluster": sampling_share(tb, out / f"sampling_share_{key}.png"),
+        }
+        figures[key] = {title: path.name for title, path in made.items() if path is not None}
+    return figures

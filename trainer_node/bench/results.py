@@ -1,0 +1,216 @@
+"""From run records (and each run's metrics.jsonl) to results.json: every number a report shows.
+
+The headline metric is the domain-balanced target test accuracy (stats.domain_balanced) of the
+final checkpoint; the overall accuracy is kept next to it. Per method and testbed:
+per-seed values, mean +- sd per domain, # rollouts, RO ratio, the paired difference to the
+control with both intervals, rollouts needed to reach the control's final accuracy, the mean
+accuracy-vs-rollouts curve, and (L2RR methods) the mean sampling share and waste per cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainer_node.bench import stats
+from trainer_node.bench.spec import BenchSpec, testbed_key
+
+EVAL_NAME = "target_test"
+
+
+def headline(record: dict[str, Any]) -> float | None:
+    """Domain-balanced accuracy of an eval record or summary-like dict of accuracy/<domain> keys."""
+    domains = {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("accuracy/") and v is not None}
+    if domains:
+        return stats.domain_balanced(domains)
+    return record.get("accuracy")
+
+
+def per_seed_values(summary: dict[str, Any]) -> dict[str, Any]:
+    """The final-checkpoint numbers of one run, from its simulate summary."""
+    domains = summary.get("target_domain_accuracy_after") or {}
+    before = summary.get("target_domain_accuracy_before") or {}
+    accuracy = summary["target_accuracy_after"]
+    return {
+        "accuracy": accuracy,
+        "balanced": stats.domain_balanced(domains) if domains else accuracy,
+        "domains": dict(sorted(domains.items())),
+        "accuracy_before": summary.get("target_accuracy_before"),
+        "balanced_before": stats.domain_balanced(before) if before else summary.get("target_accuracy_before"),
+        "rollouts": summary["rollouts"],
+        "epsilon_spent": summary.get("epsilon_spent"),
+        "wall_seconds": summary.get("wall_seconds"),
+    }
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a run killed mid-write leaves a partial last line
+    return records
+
+
+def eval_curve(metrics: Sequence[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(step, cumulative rollouts, headline accuracy) of each target-test evaluation."""
+    return [(int(r["step"]), float(r["rollouts_cumulative"]), headline(r)) for r in metrics
+            if r.get("kind") == "eval" and r.get("name") == EVAL_NAME and headline(r) is not None]
+
+
+def policy_dynamics(per_seed_metrics: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Mean over seeds of q/<cluster> and waste/<cluster> at each step every seed logged."""
+    tables = []
+    for metrics in per_seed_metrics:
+        train = {int(r["step"]): r for r in metrics if r.get("kind") == "train" and "step" in r}
+        tables.append(train)
+    if not tables or not all(tables):
+        return None
+    steps = sorted(set.intersection(*(set(t) for t in tables)))
+    keys = sorted({k for t in tables for r in t.values() for k in r if k.startswith(("q/", "waste/"))})
+    if not steps or not keys:
+        return None
+    out: dict[str, Any] = {"steps": steps, "q": {}, "waste": {}}
+    for key in keys:
+        kind, cluster = key.split("/", 1)
+        series = []
+        for step in steps:
+            values = [t[step].get(key) for t in tables if t[step].get(key) is not None]
+            series.append(sum(values) / len(values) if values else None)
+        out[kind][cluster] = series
+    return out
+
+
+def lambda_of(policy: str, options: dict[str, Any]) -> float | None:
+    """L2RR's effective waste weight (0 without the waste penalty); None for other policies."""
+    if policy != "l2rr":
+        return None
+    from trainer_node.policies.l2rr import L2rrOptions
+
+    if options.get("waste_penalty") is False:
+        return 0.0
+    return float(options.get("lambda_waste", L2rrOptions().lambda_waste))
+
+
+def _stat(values: Sequence[float]) -> dict[str, float | None]:
+    mean, sd = stats.mean_sd(values)
+    return {"mean": _finite(mean), "sd": _finite(sd), "n": len(values)}
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _paired(spec: BenchSpec, method: dict[int, float], control: dict[int, float]) -> dict[str, Any]:
+    seeds, diffs = stats.paired_differences(method, control)
+    t = stats.t_interval(diffs, spec.confidence)
+    boot = stats.bootstrap_interval(diffs, spec.confidence, spec.bootstrap_resamples, spec.bootstrap_seed)
+    return {
+        "seeds": seeds, "diffs": diffs.tolist(), "mean": _finite(t.mean), "t": t.to_json(), "bootstrap": boot.to_json(),
+        # "yes" only when both intervals exclude 0; with few seeds the bootstrap is the looser one.
+        "excludes_zero": bool(t.excludes_zero and boot.excludes_zero),
+    }
+
+
+def compute_results(spec: BenchSpec, records: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Everything the report shows, computed from the records and the runs' metrics files."""
+    out = Path(out)
+    results: dict[str, Any] = {
+        "spec": spec.model_dump(mode="json"),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_commits": sorted({r.get("git_commit", "unknown") for r in records}),
+        "control": spec.control,
+        "confidence": spec.confidence,
+        "headline_metric": "domain-balanced target test accuracy of the final checkpoint",
+        "run_counts": {status: sum(1 for r in records if r.get("status") == status)
+                       for status in sorted({r.get("status", "missing") for r in records})},
+        "runs": list(records),
+        "testbeds": {},
+    }
+    for testbed in spec.testbeds:
+        key = testbed_key(testbed)
+        ok = [r for r in records if r.get("testbed_key") == key and r.get("status") == "ok"]
+        results["testbeds"][key] = _testbed_results(spec, testbed, ok, out / "runs" / key)
+    return results
+
+
+def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], runs_dir: Path) -> dict[str, Any]:
+    per_method: dict[str, dict[int, dict[str, Any]]] = {m.label: {} for m in spec.methods}
+    for record in ok:
+        if record["label"] in per_method:
+            per_method[record["label"]][int(record["seed"])] = per_seed_values(record["summary"])
+    control = per_method[spec.control]
+    control_final = stats.mean_sd([v["balanced"] for v in control.values()])[0] if control else math.nan
+    domains = sorted({d for seeds in per_method.values() for v in seeds.values() for d in v["domains"]})
+    methods = {}
+    for method in spec.methods:
+        seeds = per_method[method.label]
+        metrics = {s: read_metrics(runs_dir / method.label / f"seed{s}") for s in sorted(seeds)}
+        curves = {s: eval_curve(m) for s, m in metrics.items()}
+        entry: dict[str, Any] = {
+            "label": method.label, "policy": method.policy, "group": method.group, "options": method.options,
+            "lambda": lambda_of(method.policy, method.options),
+            "seeds_ok": sorted(seeds),
+            "per_seed": {str(s): v for s, v in sorted(seeds.items())},
+            "accuracy": _stat([v["accuracy"] for v in seeds.values()]),
+            "balanced": _stat([v["balanced"] for v in seeds.values()]),
+            "balanced_ci": stats.t_interval([v["balanced"] for v in seeds.values()], spec.confidence).to_json(),
+            "domains": {d: _stat([v["domains"][d] for v in seeds.values() if d in v["domains"]]) for d in domains},
+            "rollouts": _stat([v["rollouts"] for v in seeds.values()]),
+            "ro_ratio": _finite(stats.ro_ratio([v["rollouts"] for v in control.values()],
+                                               [v["rollouts"] for v in seeds.values()])),
+            "ro_ratio_per_seed": {str(s): r for s, r in stats.paired_ro_ratios(
+                {s: v["rollouts"] for s, v in control.items()}, {s: v["rollouts"] for s, v in seeds.items()}).items()},
+            "curve": stats.mean_curve([curves[s] for s in sorted(curves) if curves[s]]),
+            "per_seed_curves": {str(s): [list(p) for p in c] for s, c in curves.items()},
+        }
+        entry["ro_ratio_per_seed_mean"] = _finite(stats.mean_sd(list(entry["ro_ratio_per_seed"].values()))[0])
+        if method.label != spec.control:
+            entry["delta_vs_control"] = _paired(spec, {s: v["balanced"] for s, v in seeds.items()},
+                                                {s: v["balanced"] for s, v in control.items()})
+            entry["delta_accuracy_vs_control"] = _paired(spec, {s: v["accuracy"] for s, v in seeds.items()},
+                                                         {s: v["accuracy"] for s, v in control.items()})
+        control_by_seed = {s: v["balanced"] for s, v in control.items()}
+        entry["reach_control"] = _reach(entry["curve"], curves, control_final, control_by_seed)
+        if method.policy == "l2rr":
+            entry["dynamics"] = policy_dynamics([metrics[s] for s in sorted(metrics)])
+        methods[method.label] = entry
+    return {"testbed": testbed, "domains": domains, "control_final_balanced": _finite(control_final),
+            "methods": methods}
+
+
+def _reach(curve: list[dict[str, float]], per_seed: dict[int, list[tuple[int, float, float]]],
+           threshold: float, control_by_seed: dict[int, float]) -> dict[str, Any]:
+    """Mean curve vs the control's final mean; each seed vs the control's final on that seed."""
+    if not math.isfinite(threshold):
+        return {"threshold": None, "mean_curve": None, "per_seed": {}, "seeds_reached": 0, "seeds": 0}
+    mean_points = [(row["rollouts_mean"], row["accuracy_mean"]) for row in curve]
+    per_seed_reach = {str(s): stats.rollouts_to_reach([(r, a) for _, r, a in c], control_by_seed[s])
+                      for s, c in per_seed.items() if s in control_by_seed}
+    return {
+        "threshold": threshold,
+        "mean_curve": stats.rollouts_to_reach(mean_points, threshold) if mean_points else None,
+        "per_seed": per_seed_reach,
+        "seeds_reached": sum(1 for v in per_seed_reach.values() if v is not None),
+        "seeds": len(per_seed_reach),
+    }
+
+
+def json_safe(value: Any) -> Any:
+    """Recursively replace NaN/inf with None: results.json stays strict JSON."""
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

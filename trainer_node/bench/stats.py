@@ -1,0 +1,148 @@
+"""Statistics behind the bench tables: pure functions of per-seed numbers.
+
+Definitions (also in the report):
+- paired difference: for each seed s run by both, d_s = metric(method, s) - metric(control, s).
+  Matched seeds share the initial policy and source order, so d_s removes seed-to-seed
+  variation that an unpaired comparison would count as noise.
+- paired t interval: mean(d) +- t_{(1+c)/2, n-1} * sd(d) / sqrt(n)   (sd with ddof=1).
+- bootstrap interval: percentile interval of the means of `resamples` resamples of d drawn
+  with replacement from a seeded generator (n = 3 gives only 10 distinct means: read the t
+  interval then).
+- domain-balanced accuracy: the mean over target domains of per-domain accuracy, so a large
+  domain cannot hide a regression on a small one.
+- RO ratio: mean over seeds of the control's rollouts / mean over seeds of the method's, i.e.
+  the ratio of the two "# Rollout" column entries, as in the paper (DAPO count / method count).
+  The mean of the per-seed ratios is reported next to it in results.json.
+- rollouts to reach: the first cumulative-rollout count at which an accuracy curve is >= a
+  threshold; None ("not reached") when the curve never gets there. The report applies it to
+  the seed-mean curve with the control's final mean as threshold, and to each seed's curve
+  with the control's final accuracy on the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with a confidence interval over n values (low/high NaN when n is too small)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        return bool(self.low > 0 or self.high < 0)
+
+    def to_json(self) -> dict[str, float | int | bool | None]:
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        out["excludes_zero"] = self.excludes_zero
+        return out
+
+
+def _values(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"expected a flat sequence of numbers, got shape {array.shape}")
+    return array
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0.0 for one value, NaN for none)."""
+    array = _values(values)
+    if array.size == 0:
+        return math.nan, math.nan
+    return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Student-t interval for the mean of `values` (the paired t interval when they are differences)."""
+    array = _values(values)
+    n = int(array.size)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(array.mean())
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n)
+    half = float(scipy_stats.t.ppf((1 + confidence) / 2, n - 1)) * float(array.std(ddof=1)) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> Interval:
+    """Percentile bootstrap interval for the mean, from a generator seeded with `seed`."""
+    array = _values(values)
+    n = int(array.size)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    rng = np.random.default_rng(seed)
+    means = array[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return Interval(float(array.mean()), float(low), float(high), n)
+
+
+def paired_differences(method: Mapping[int, float], control: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
+    """Seeds present in both (sorted) and the differences method - control on them."""
+    seeds = sorted(set(method) & set(control))
+    return seeds, np.array([method[s] - control[s] for s in seeds], dtype=float)
+
+
+def domain_balanced(domain_accuracy: Mapping[str, float]) -> float:
+    """Mean over domains of per-domain accuracy (NaN when there are no domains)."""
+    values = [float(v) for v in domain_accuracy.values() if v is not None]
+    return float(np.mean(values)) if values else math.nan
+
+
+def ro_ratio(control_rollouts: Sequence[float], method_rollouts: Sequence[float]) -> float:
+    """mean(control rollouts) / mean(method rollouts): > 1 means the method spent fewer."""
+    control, method = _values(control_rollouts), _values(method_rollouts)
+    if control.size == 0 or method.size == 0 or method.mean() <= 0:
+        return math.nan
+    return float(control.mean() / method.mean())
+
+
+def paired_ro_ratios(control: Mapping[int, float], method: Mapping[int, float]) -> dict[int, float]:
+    """Per matched seed: control rollouts / method rollouts."""
+    return {s: float(control[s] / method[s]) for s in sorted(set(control) & set(method)) if method[s] > 0}
+
+
+def rollouts_to_reach(curve: Sequence[tuple[float, float]], threshold: float, tolerance: float = 1e-9) -> float | None:
+    """First rollouts value of (rollouts, accuracy) points, in rollout order, with accuracy >= threshold.
+
+    `tolerance` absorbs float rounding: the control's own mean curve ends at the threshold.
+    """
+    for rollouts, accuracy in sorted(curve, key=lambda point: point[0]):
+        if accuracy is not None and accuracy >= threshold - tolerance:
+            return float(rollouts)
+    return None
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[int, float, float]]]) -> list[dict[str, float]]:
+    """Average per-seed (step, rollouts, accuracy) curves at the steps every seed evaluated.
+
+    Seeds of one method evaluate at the same steps (run.eval_every), but an adaptive policy's
+    cumulative rollouts at a step differ by seed, so both axes are averaged.
+    """
+    if not curves:
+        return []
+    by_seed = [{int(step): (float(r), float(a)) for step, r, a in curve if a is not None} for curve in curves]
+    common = sorted(set.intersection(*(set(points) for points in by_seed)))
+    rows = []
+    for step in common:
+        rollouts = np.array([points[step][0] for points in by_seed])
+        accuracy = np.array([points[step][1] for points in by_seed])
+        rows.append({
+            "step": step, "rollouts_mean": float(rollouts.mean()), "accuracy_mean": float(accuracy.mean()),
+            "accuracy_sd": float(accuracy.std(ddof=1)) if accuracy.size > 1 else 0.0,
+            "accuracy_min": float(accuracy.min()), "accuracy_max": float(accuracy.max()), "n": int(accuracy.size),
+        })
+    return rows

@@ -1,0 +1,1 @@
+"""Example run configs shipped as package data (train_default.toml documents every key)."""

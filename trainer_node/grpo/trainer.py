@@ -1,0 +1,293 @@
+"""GRPO with a pluggable data policy. One step reads top to bottom:
+
+    sample -> rollout -> reward      policy.next_requests rounds; engine.generate; verifier
+    select                           policy.training_groups / observe / before_update(feedback)
+    advantage -> loss -> update      group-relative advantages; clipped surrogate; AdamW
+
+Departures from textbook GRPO, all DAPO-style and configurable: clip-higher (eps_high >
+eps_low), token-level loss aggregation by default, no KL unless kl_coef > 0, optional soft
+overlong penalty. The model is kept in eval mode (no dropout), so the logprobs used for the
+loss are those of the distribution that generated the rollouts.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rlvr_core.engines.base import GenerationEngine, SamplingParams
+from trainer_node.grpo.advantages import AdvantageInput, compute_advantages
+from trainer_node.grpo.batch import PolicyBatch, collate, flatten_groups
+from trainer_node.grpo.logprobs import token_logprobs
+from trainer_node.grpo.lookahead import LookaheadHyper, clip_gradients, stepped_state_dict
+from trainer_node.grpo.losses import get_loss
+from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
+from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.policies.base import (
+    DataPolicy,
+    FeedbackContext,
+    Group,
+    RolloutRequest,
+    SourcePool,
+    StepRollouts,
+)
+
+log = logging.getLogger("trainer_node.grpo")
+
+StepCallback = Callable[[int, dict[str, Any]], None]
+MAX_ROUNDS_PER_STEP = 1000  # a policy that never returns [] is a bug; fail loudly
+
+
+class GRPOTrainer:
+    """Owns the live model, its optimizer and the step loop; the policy owns data choices."""
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        engine: GenerationEngine,
+        policy: DataPolicy,
+        pool: SourcePool,
+        render: RenderFn,
+        reward_fn: RewardFn,
+        settings: GRPOSettings,
+        device: str | torch.device = "cpu",
+        feedback: FeedbackContext | None = None,
+        on_step_end: StepCallback | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.policy = policy
+        self.pool = pool
+        self.render = render
+        self.reward_fn = reward_fn
+        self.settings = settings
+        self.device = torch.device(device)
+        self.feedback = feedback
+        self.on_step_end = on_step_end
+        self.loss_fn = get_loss(settings.loss)
+        self.pad_id = _pad_id(tokenizer)
+        self.model.eval()  # no dropout: see module docstring
+        self.ref_model = _frozen_copy(model) if settings.loss_settings.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=settings.lr,
+            betas=settings.betas,
+            eps=settings.adam_eps,
+            weight_decay=settings.weight_decay,
+        )
+        self.rollouts_cumulative = 0
+        self.step_index = 0  # steps completed; the next step to run
+
+    # ----------------------------------------------------------------- the step
+    def train_step(self) -> dict[str, Any]:
+        """Run one GRPO step and return its metrics record."""
+        step = self.step_index
+        started = time.perf_counter()
+
+        so_far = self.sample_and_rollout(step)                       # sample -> rollout -> reward
+        batch = self.policy.training_groups(step, so_far)            # select
+        self.policy.observe(step, so_far.groups)
+        self.policy.before_update(step, batch, self.feedback)
+        update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
+
+        self.rollouts_cumulative += so_far.rollouts_generated
+        self.step_index += 1
+        record = self._record(step, so_far, batch, update_metrics, time.perf_counter() - started)
+        if self.on_step_end is not None:
+            self.on_step_end(step, record)
+        return record
+
+    def sample_and_rollout(self, step: int) -> StepRollouts:
+        """Ask the policy for prompts round by round, generating and scoring each round."""
+        so_far = StepRollouts()
+        while requests := self.policy.next_requests(step, so_far):
+            if so_far.rounds >= MAX_ROUNDS_PER_STEP:
+                raise RuntimeError(f"data policy {self.policy.name!r} asked for more than {MAX_ROUNDS_PER_STEP} rounds")
+            so_far.add(self.rollout(step, so_far.rounds, requests))
+        return so_far
+
+    def rollout(self, step: int, round_index: int, requests: Sequence[RolloutRequest]) -> list[Group]:
+        """Generate and score one round of requests (see grpo/rollout.py)."""
+        s = self.settings
+        return rollout_groups(
+            requests,
+            pool=self.pool,
+            engine=self.engine,
+            render=self.render,
+            reward_fn=self.reward_fn,
+            params=SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p),
+            run_seed=s.seed,
+            step=step,
+            round_index=round_index,
+            overlong_buffer=s.overlong_buffer,
+            overlong_penalty_factor=s.overlong_penalty_factor,
+        )
+
+    # ------------------------------------------------------- advantage -> loss
+    def build_batch(self, groups: Sequence[Group], group_weights: Sequence[float] | None = None) -> PolicyBatch:
+        """Flatten groups, compute advantages, collate (B, T) tensors, attach ref logprobs."""
+        flat = flatten_groups(groups)
+        advantages = compute_advantages(
+            self.settings.advantage,
+            AdvantageInput(rewards=flat.rewards, group_ids=flat.group_ids, eps=self.settings.adv_eps),
+        )
+        batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = token_logprobs(self.ref_model, batch, self.settings.temperature)
+            batch = replace(batch, ref_logprobs=ref)
+        return batch
+
+    def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs, entropy = token_logprobs(self.model, micro, self.settings.temperature, with_entropy)
+        out = self.loss_fn(logprobs, micro, self.settings.loss_settings)
+        metrics = dict(out.metrics)
+        if entropy is not None:
+            mask = micro.completion_mask
+            metrics["entropy"] = float((entropy * mask).sum() / micro.token_normaliser())
+        return out.loss, metrics
+
+    # ---------------------------------------------------------------- update
+    def update(self, groups: Sequence[Group]) -> dict[str, float]:
+        """ppo_epochs x mini_batches optimizer steps on the batch, each with grad accumulation."""
+        s = self.settings
+        batch = self.build_batch(groups)
+        if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
+            with torch.no_grad():
+                old, _ = token_logprobs(self.model, batch, s.temperature)
+            batch = replace(batch, old_logprobs=old)
+        minis = [replace(m, total_completion_tokens=None, total_sequences=None) for m in batch.split(s.mini_batches)]
+        losses: list[float] = []
+        sums: dict[str, float] = {}
+        norms: list[float] = []
+        for _epoch in range(s.ppo_epochs):
+            for mini in minis:
+                self.optimizer.zero_grad(set_to_none=True)
+                step_loss = 0.0
+                step_metrics: dict[str, float] = {}
+                for micro in mini.split(s.grad_accum_steps):
+                    loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                    for key, value in metrics.items():
+                        step_metrics[key] = step_metrics.get(key, 0.0) + value
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                norms.append(float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)))
+                self.optimizer.step()
+                losses.append(step_loss)
+                for key, value in step_metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+        self.optimizer.zero_grad(set_to_none=True)
+        self.engine.sync_weights()
+        count = len(losses)
+        out = {"loss": sum(losses) / count, "grad_norm": sum(norms) / count, "update_skipped": 0.0}
+        out.update({key: value / count for key, value in sums.items()})
+        out["adv_abs_mean"] = float(batch.advantages.abs().mean())
+        out["train_rollouts"] = float(batch.size)
+        return out
+
+    def _skipped_update(self, step: int) -> dict[str, float]:
+        log.info("step %d: every group was filtered out; skipping the update", step)
+        return {"loss": float("nan"), "update_skipped": 1.0, "train_rollouts": 0.0}
+
+    # ------------------------------------------------------ lookahead (L2RR)
+    def current_state_dict(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the live model's parameters and buffers."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def lookahead_state_dicts(
+        self, batch: Sequence[Group], weights: Sequence[Sequence[float]]
+    ) -> list[dict[str, torch.Tensor]]:
+        """For each weight vector (one weight per group of `batch`), the parameters after ONE
+        update from the current ones with the group-weighted loss; live state is untouched.
+
+        The update mirrors a real step (same loss, grad clipping) with the rule grpo.lookahead
+        (see grpo/lookahead.py for why AdamW-from-a-state-copy is the default).
+        """
+        s = self.settings
+        if not batch:
+            raise ValueError("lookahead needs a non-empty batch")
+        base = self.build_batch(batch)
+        hyper = LookaheadHyper(
+            lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
+            betas=s.betas,
+            eps=s.adam_eps,
+            weight_decay=s.weight_decay if s.lookahead == "adamw" else 0.0,
+        )
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        results = []
+        for vector in weights:
+            if len(vector) != len(batch):
+                raise ValueError(f"lookahead weights have {len(vector)} entries for {len(batch)} groups")
+            weighted = replace(base, sample_weights=torch.tensor(list(vector), dtype=torch.float32, device=self.device)[base.group_ids])
+            grads = self._gradients(weighted, [p for _, p in named])
+            clipped = clip_gradients(grads, s.max_grad_norm)
+            by_name = {n: g for (n, _), g in zip(named, clipped)}
+            results.append(stepped_state_dict(self.model, by_name, self.optimizer, s.lookahead, hyper))
+        return results
+
+    def _gradients(self, batch: PolicyBatch, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """d loss / d params via autograd.grad, so the live .grad fields are never written."""
+        totals = [torch.zeros_like(p) for p in params]
+        for micro in batch.split(self.settings.grad_accum_steps):
+            loss, _ = self.micro_batch_loss(micro)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            for total, grad in zip(totals, grads):
+                if grad is not None:
+                    total.add_(grad)
+        return totals
+
+    # --------------------------------------------------------------- records
+    def _record(
+        self, step: int, so_far: StepRollouts, batch: Sequence[Group], update: dict[str, float], seconds: float
+    ) -> dict[str, Any]:
+        generated = [r for g in so_far.groups for r in g.rollouts if not r.reused]
+        rewards = [r.reward for r in generated]
+        lengths = [len(r.completion_ids) for r in generated]
+        trained = {g.index for g in batch}  # policies may hand back copies, so match by prompt
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": update["loss"],
+            "reward_mean": sum(rewards) / len(rewards) if rewards else float("nan"),
+            "rollouts_step": so_far.rollouts_generated,
+            "rollouts_cumulative": self.rollouts_cumulative,
+            "groups_total": len(so_far.groups),
+            "groups_filtered": sum(1 for g in so_far.groups if g.index not in trained),
+            "groups_trained": len(batch),
+            "zero_variance_groups": sum(1 for g in so_far.groups if g.zero_variance),
+            "generation_rounds": so_far.rounds,
+            "completion_len_mean": sum(lengths) / len(lengths) if lengths else 0.0,
+            "step_seconds": seconds,
+        }
+        record.update({k: v for k, v in update.items() if k != "loss"})
+        by_cluster: dict[str, list[float]] = {}
+        for group in so_far.groups:
+            by_cluster.setdefault(group.cluster, []).extend(r.reward for r in group.rollouts if not r.reused)
+        record.update({f"reward/{c}": sum(v) / len(v) for c, v in sorted(by_cluster.items()) if v})
+        record.update(self.policy.metrics())
+        return record
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for attribute in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attribute, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
