@@ -59,7 +59,9 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_train]
+from trainer_node.simulate_cli import add_simulate  # noqa: E402
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_train, add_simulate]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from trainer_node.grpo.checkpoint import CheckpointError
+    from trainer_node.owner_process import OwnerProcessError
 
-    return (ConfigError, CheckpointError)
+    return (ConfigError, CheckpointError, OwnerProcessError)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,46 @@ class RunConfig(_Section):
         return device
 
 
+class FeedbackConfig(_Section):
+    """A remote target owner to learn from (two-party deployment). Absent = no feedback."""
+
+    target: str
+    """The owner's address, HOST:PORT."""
+    ca_cert: Path
+    """The OWNER organization's CA certificate (verifies the owner's server certificate)."""
+    client_cert: Path
+    """This trainer's client certificate, issued by a CA the owner trusts."""
+    client_key: Path
+    server_name: str | None = None
+    """TLS name to expect when `target` is an address not named in the server certificate."""
+    deadline_s: float = Field(default=30.0, gt=0)
+    evaluate_deadline_s: float = Field(default=600.0, gt=0)
+    max_attempts: int = Field(default=5, ge=1)
+    """Attempts for UNAVAILABLE only; RESOURCE_EXHAUSTED is never retried."""
+    samples_per_prompt: int = Field(default=1, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    """Decoding of the owner's evaluations (0 = greedy, lowest variance)."""
+    min_interval: int = Field(default=1, ge=1)
+    """Never query more often than every this many steps (budget pacing may space queries more)."""
+
+    @field_validator("target")
+    @classmethod
+    def _host_port(cls, target: str) -> str:
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"must be HOST:PORT, got {target!r}")
+        return target
+
+    def client_settings(self):
+        from trainer_node.feedback.client import ClientSettings
+
+        return ClientSettings(
+            target=self.target, ca_cert=self.ca_cert, client_cert=self.client_cert, client_key=self.client_key,
+            server_name=self.server_name, deadline_s=self.deadline_s,
+            evaluate_deadline_s=self.evaluate_deadline_s, max_attempts=self.max_attempts,
+        )
+
+
 class TrainConfig(_Section):
     model: ModelConfig
     data: DataConfig = DataConfig()
@@ -178,6 +218,7 @@ class TrainConfig(_Section):
     grpo: GrpoConfig = GrpoConfig()
     rollout: RolloutConfig = RolloutConfig()
     run: RunConfig = RunConfig()
+    feedback: FeedbackConfig | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

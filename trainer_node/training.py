@@ -77,7 +77,7 @@ def resolve_model_dir(model: ModelConfig, train_examples: tuple[Example, ...], t
 
     try:
         spec = TinyPolicySpec(**model.tiny_spec)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise ConfigError(f"model.tiny_spec: {error}; see rlvr_core.models.tiny_policy.TinyPolicySpec") from None
     texts, pairs = tiny_policy_inputs(train_examples, template)
     return Path(build_tiny_policy(spec, texts, pairs, model.cache_dir))
@@ -96,6 +96,10 @@ def build_training(
     from rlvr_core.tasks.testbed import build_testbed_data, cluster_of, load_testbed
 
     torch.manual_seed(config.run.seed)
+    if config.run.device == "cpu":
+        # A tiny model on a shared CPU: one thread beats spinning OpenMP threads, especially
+        # beside a local owner process (rlvr_core/models/threads.py).
+        torch.set_num_threads(1)
     try:
         testbed = load_testbed(config.data.testbed)
     except ValueError as error:  # TestbedError names the file and field
@@ -153,6 +157,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     setup = build_training(config)
     trainer = setup.trainer
     run_dir = Path(config.run.out_dir)
+    feedback = connect_feedback(setup, run_dir) if config.feedback is not None else None
     config.save_resolved(run_dir)
     if resume is not None:
         checkpoint = latest_checkpoint(resume)
@@ -178,4 +183,43 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
             save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(done))
     log_eval()
     final = save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(trainer.step_index))
-    return output.close(extra={"final_checkpoint": str(final), "model_dir": str(setup.model_dir)})
+    extra = {"final_checkpoint": str(final), "model_dir": str(setup.model_dir)}
+    if feedback is not None:
+        extra.update(feedback_queries=feedback.stats.queries, feedback_failures=feedback.stats.failures,
+                     epsilon_spent=feedback.stats.epsilon_spent)
+        feedback.client.close()
+    return output.close(extra=extra)
+
+
+def connect_feedback(setup: TrainingSetup, run_dir: Path):
+    """Connect to the configured target owner and hand the policy an OwnerFeedback context.
+
+    Policies that do not learn from the target ignore it. An unreachable owner is not fatal:
+    training goes on with the policy's last state, and the log says so.
+    """
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from trainer_node.feedback.client import FeedbackError, TargetFeedbackClient
+    from trainer_node.feedback.context import OwnerFeedback
+    from trainer_node.feedback.pacing import BudgetPacer
+
+    cfg = setup.config
+    fb = cfg.feedback
+    client = TargetFeedbackClient(fb.client_settings())
+    try:
+        dp_enabled = client.info().privacy.enabled
+    except FeedbackError as error:
+        log.warning("target owner not reachable at start (%s); training goes on and retries later", error)
+        dp_enabled = True
+    feedback = OwnerFeedback(
+        client,
+        setup.trainer,
+        BudgetPacer(total_steps=cfg.run.steps, min_interval=fb.min_interval, dp_enabled=dp_enabled),
+        pb.DecodingSettings(max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=fb.samples_per_prompt,
+                            temperature=fb.temperature, seed=cfg.run.seed),
+        run_dir / "checkpoints_sent",
+    )
+    if setup.policy.uses_target_feedback:
+        setup.trainer.feedback = feedback
+    else:
+        log.info("policy %r does not use target feedback; the owner is not queried", setup.policy.name)
+    return feedback
