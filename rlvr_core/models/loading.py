@@ -164,6 +164,9 @@ def load_policy(
     """
     check_model_dir(path)
     root = str(Path(path).resolve())
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
         root,
         use_safetensors=True,
@@ -200,6 +203,11 @@ def save_policy(
                 raise FileExistsError(f"save_policy: refusing to clear {root}: it holds {entry.name!r}")
             entry.unlink()
     root.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    # Per-save progress bars ("Writing model shards") flood the output of runs that save
+    # a candidate checkpoint every few steps.
+    hf_logging.disable_progress_bar()
     model.save_pretrained(str(root), safe_serialization=True)
     tokenizer.save_pretrained(str(root))
     for entry in root.iterdir():
