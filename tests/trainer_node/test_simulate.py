@@ -1,0 +1,80 @@
+"""`trainer-node simulate` end to end with a handful of steps, and its owner-process care."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.trainer_node.grpo_helpers import make_model_dir
+from trainer_node.cli import main
+from trainer_node.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from trainer_node.simulate import SUMMARY_KEYS
+
+
+@pytest.fixture(scope="module")
+def small_owner(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("owner") / "node"
+    init_owner(directory, "small", dp=True, extra_args=["--sample-rate", "1.0", "--planned-releases", "50"])
+    return directory
+
+
+def test_simulate_runs_end_to_end_and_leaves_no_owner_process(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "sim.toml"
+    config.write_text(f"""
+[model]
+path = "{make_model_dir(tmp_path)}"
+[data]
+testbed = "small"
+eval_size = 0
+[policy]
+name = "l2rr"
+batch_size = 4
+rollouts_per_prompt = 2
+[rollout]
+max_new_tokens = 4
+[run]
+steps = 2
+out_dir = "{run_dir}"
+eval_every = 1
+""")
+    assert main(["simulate", "--config", str(config), "--no-progress", "--epsilon", "4"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in SUMMARY_KEYS:
+        assert key in summary, key
+    assert summary["method"] == "l2rr" and summary["steps"] == 2 and summary["testbed"] == "small"
+    assert 0.0 <= summary["target_accuracy_before"] <= 1.0
+    assert summary["epsilon_budget"] == 4.0 and 0.0 <= summary["epsilon_spent"] <= 4.0
+    assert summary["rollouts"] > 0
+    for name in ("metrics.jsonl", "resolved_config.json", "reward_vs_step.png", "accuracy_vs_rollouts.png"):
+        assert (run_dir / name).exists(), name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1, 2]  # before, every step, after
+    out = capsys.readouterr().out
+    assert "target test accuracy" in out and "epsilon spent" in out
+    # only the owner process read the target data: the trainer's run dir holds no copy of it
+    owner_pid_files = list((run_dir / "owner").glob("*.jsonl"))
+    assert {p.name for p in owner_pid_files} == {"heldout.jsonl", "test.jsonl"}
+
+
+def test_owner_death_is_a_clear_error_and_stop_is_clean(small_owner):
+    owner = OwnerProcess(small_owner)
+    owner.start()
+    try:
+        owner.check_alive()
+        os.kill(owner.proc.pid, signal.SIGKILL)
+        owner.proc.wait(timeout=10)
+        with pytest.raises(OwnerProcessError, match="target-owner process exited"):
+            owner.check_alive()
+    finally:
+        owner.stop()
+    assert owner.proc.poll() is not None
+
+
+def test_bad_simulate_config_is_one_clear_error(tmp_path, capsys):
+    config = tmp_path / "bad.toml"
+    config.write_text('[model]\ntiny = true\n[policy]\nname = "nope"\n')
+    assert main(["simulate", "--config", str(config)]) == 2
+    assert "policy.name" in capsys.readouterr().err
