@@ -192,6 +192,8 @@ class FeedbackConfig(_Section):
     """Decoding of the owner's evaluations (0 = greedy, lowest variance)."""
     min_interval: int = Field(default=1, ge=1)
     """Never query more often than every this many steps (budget pacing may space queries more)."""
+    final_release: bool = True
+    """Ask the owner for the final checkpoint's held-out accuracy (one release, charged)."""
 
     @field_validator("target")
     @classmethod

@@ -185,6 +185,12 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     final = save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(trainer.step_index))
     extra = {"final_checkpoint": str(final), "model_dir": str(setup.model_dir)}
     if feedback is not None:
+        if config.feedback.final_release:
+            final_target = feedback.release_current(trainer.step_index)
+            if final_target is not None:
+                output.log_eval({"name": "target_feedback", "step": trainer.step_index,
+                                 "rollouts_cumulative": trainer.rollouts_cumulative, "accuracy": final_target})
+                extra["target_feedback_accuracy"] = final_target
         extra.update(feedback_queries=feedback.stats.queries, feedback_failures=feedback.stats.failures,
                      epsilon_spent=feedback.stats.epsilon_spent)
         feedback.client.close()

@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--no-dp", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--epsilon", type=float, default=8.0)
     args = parser.parse_args(argv)
     config = tomllib.loads(Path(args.config).read_text())
     options = config["policy"].get("options", {})
@@ -87,7 +89,7 @@ def main(argv: list[str]) -> int:
         "target_accuracy_before": before["accuracy"], "target_accuracy_after": after["accuracy"],
         "target_domain_accuracy_before": {"add": before["accuracy/add"], "sub": before["accuracy/sub"]},
         "target_domain_accuracy_after": {"add": after["accuracy/add"], "sub": after["accuracy/sub"]},
-        "rollouts": rollouts, "epsilon_spent": 0.0 if args.no_dp else 0.5, "epsilon_budget": 0.0 if args.no_dp else 4.0,
+        "rollouts": rollouts, "epsilon_spent": 0.0 if args.no_dp else 0.5, "epsilon_budget": 0.0 if args.no_dp else args.epsilon,
         "dp_enabled": not args.no_dp, "wall_seconds": 0.01,
     }
     (out / "summary.json").write_text(json.dumps(summary))

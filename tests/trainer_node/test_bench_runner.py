@@ -161,3 +161,15 @@ def test_with_several_workers_one_run_per_testbed_goes_first():
     first, rest = runner._phases(runs, workers=4)
     assert sorted(r.testbed for r in first) == ["default", "small"] and len(first) + len(rest) == len(runs)
     assert runner._phases(runs, workers=1) == [runs]
+
+
+def test_epsilon_reaches_the_command_and_the_hash(tmp_path):
+    plain = plan_runs(make_spec())[0]
+    spec = parse_spec({**make_spec().model_dump(), "epsilon": 2.5})
+    run = plan_runs(spec)[0]
+    argv = runner.simulate_command(run, run.run_dir(tmp_path), tmp_path / "c.toml")
+    assert argv[argv.index("--epsilon") + 1] == "2.5" and "--epsilon" not in runner.simulate_command(
+        plain, plain.run_dir(tmp_path), tmp_path / "c.toml")
+    assert run.config_hash != plain.config_hash
+    record = runner.execute_run(run, tmp_path, FakeSimulate())
+    assert record["status"] == "ok" and record["summary"]["epsilon_budget"] == 2.5

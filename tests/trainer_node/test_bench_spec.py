@@ -110,3 +110,8 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
     assert labels["l2rr"].options == {}
     with pytest.raises(BenchSpecError, match="unknown profile"):
         load_profile("huge")
+
+
+def test_toml_writer_leaves_out_none_and_quotes_odd_keys():
+    text = tomlwrite.dumps({"policy": {"name": "l2rr", "options": {"a b": 1, "x": [1.5, True]}, "gone": None}})
+    assert tomllib.loads(text) == {"policy": {"name": "l2rr", "options": {"a b": 1, "x": [1.5, True]}}}

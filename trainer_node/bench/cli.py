@@ -7,6 +7,10 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer_node.bench.spec import BenchSpec
 
 DEFAULT_OUT_ROOT = Path("bench_runs")
 
@@ -89,7 +93,7 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def write_outputs(spec, records, out: Path) -> Path:
+def write_outputs(spec: BenchSpec, records: list[dict[str, Any]], out: Path) -> Path:
     """results.json, the figures and report.md, all from the records."""
     from trainer_node.bench.plots import write_plots
     from trainer_node.bench.report import write_report

@@ -80,6 +80,10 @@ def _methods(tb: dict[str, Any], group: str) -> list[dict[str, Any]]:
 def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[str, str]) -> list[str]:
     domains = tb["domains"]
     lines = [f"## Testbed `{tb['testbed']}`", ""]
+    initial = tb["initial_balanced"]
+    if initial["mean"] is not None:
+        lines += [(f"Initial checkpoint (before GRPO): {pct_pm(initial)}% balanced accuracy "
+                   f"(over {initial['n']} runs; every method starts from the same cached tiny policy)."), ""]
     lines += [f"### Table 1: methods vs {control}", "", *_table_header(domains, control)]
     lines += [_table_row(m, domains, control) for m in _methods(tb, "main")]
     ablations = _methods(tb, "ablation")
@@ -103,6 +107,10 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
                          f"{len(m['seeds_ok'])} |")
     lines += ["", f"### Rollouts to reach {control}'s final accuracy", ""]
     threshold = tb["control_final_balanced"]
+    if threshold is not None and initial["mean"] is not None and initial["mean"] >= threshold:
+        lines += [(f"Note: the initial checkpoint already meets this threshold ({pct(initial['mean'])}% >= "
+                   f"{pct(threshold)}%): {control} ended below where it started, so 0 rollouts is the honest "
+                   "answer and this table says nothing about efficiency here."), ""]
     lines += [(f"Threshold: {pct(threshold)}% (mean final balanced accuracy of {control}). "
                "\"Mean curve\": first point of the seed-mean accuracy-vs-rollouts curve at or above it. "
                f"\"Per seed\": first point of seed s at or above {control}'s final accuracy on seed s (paired)."), "",
@@ -114,16 +122,17 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
         lines.append(f"| {m['label']} | {mean} | {reach['seeds_reached']}/{reach['seeds']} | {per_seed or 'n/a'} |")
     lines += ["", f"### Per-seed values ({', '.join(domains) or 'no domains'})", "",
               "| Method | Seed | Bal. avg | Acc. | " + " | ".join(domains) + (" | " if domains else "")
-              + "# Rollouts | Bal. avg before | ε spent |",
+              + "# Rollouts | Bal. avg before | ε spent / budget |",
               "|" + "---|" * (7 + len(domains))]
     for m in tb["methods"].values():
         for seed, v in m["per_seed"].items():
-            eps = v.get("epsilon_spent")
+            eps, budget = v.get("epsilon_spent"), v.get("epsilon_budget")
+            eps_text = "n/a" if eps is None else f"{eps:.3f}" + (f" / {budget:g}" if budget else " (DP off)")
             lines.append(
                 f"| {m['label']} | {seed} | {pct(v['balanced'])} | {pct(v['accuracy'])} | "
                 + "".join(f"{pct(v['domains'].get(d))} | " for d in domains)
                 + f"{count(v['rollouts'])} | {pct(v['balanced_before'])} | "
-                + ("n/a" if eps is None else f"{eps:.3f}") + " |")
+                + eps_text + " |")
     if figures:
         lines += ["", "### Figures", ""]
         lines += [f"![{title}]({path})" for title, path in figures.items()]

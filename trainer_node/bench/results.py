@@ -43,6 +43,7 @@ def per_seed_values(summary: dict[str, Any]) -> dict[str, Any]:
         "balanced_before": stats.domain_balanced(before) if before else summary.get("target_accuracy_before"),
         "rollouts": summary["rollouts"],
         "epsilon_spent": summary.get("epsilon_spent"),
+        "epsilon_budget": summary.get("epsilon_budget"),
         "wall_seconds": summary.get("wall_seconds"),
     }
 
@@ -184,8 +185,10 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
         if method.policy == "l2rr":
             entry["dynamics"] = policy_dynamics([metrics[s] for s in sorted(metrics)])
         methods[method.label] = entry
+    before = [v["balanced_before"] for seeds in per_method.values() for v in seeds.values()
+              if v["balanced_before"] is not None]
     return {"testbed": testbed, "domains": domains, "control_final_balanced": _finite(control_final),
-            "methods": methods}
+            "initial_balanced": _stat(before), "methods": methods}
 
 
 def _reach(curve: list[dict[str, float]], per_seed: dict[int, list[tuple[int, float, float]]],

@@ -47,7 +47,10 @@ LOG_TAIL_LINES = 30
 def simulate_command(run: PlannedRun, run_dir: Path, config_path: Path) -> list[str]:
     """The `trainer-node simulate` command of one run (the default CommandBuilder)."""
     argv = [sys.executable, "-m", "trainer_node.cli", "simulate", "--method", run.policy, "--testbed", run.testbed,
-            "--seed", str(run.seed), "--steps", str(run.steps), "--out", str(run_dir), "--config", str(config_path)]
+            "--seed", str(run.seed), "--steps", str(run.steps), "--out", str(run_dir), "--config", str(config_path),
+            "--no-progress"]
+    if run.epsilon is not None:
+        argv += ["--epsilon", repr(run.epsilon)]
     return argv + (["--no-dp"] if run.no_dp else [])
 
 
@@ -274,10 +277,12 @@ def gather_records(runs: Sequence[PlannedRun], out: Path) -> list[dict[str, Any]
     records = []
     for run in runs:
         record = load_record(out, run)
-        if record is not None and record.get("config_hash") == run.config_hash:
-            records.append(record)
+        own = record if record is not None and record.get("config_hash") == run.config_hash else None
+        if own is not None and own.get("status") == "ok":
+            records.append(own)
             continue
-        records.append(_gather_from_dir(run, out))
+        gathered = _gather_from_dir(run, out)  # e.g. re-run elsewhere after failing here
+        records.append(own if own is not None and gathered["status"] == "missing" else gathered)
     return records
 
 
@@ -313,12 +318,26 @@ def _check_resolved(run: PlannedRun, run_dir: Path, summary: dict[str, Any]) -> 
         found, expected = parse_config(resolved).to_json(), parse_config(run.config).to_json()
     except (FileNotFoundError, json.JSONDecodeError, ConfigError, AttributeError) as error:
         return f"cannot check the run's resolved_config.json ({type(error).__name__})"
-    found["run"].pop("out_dir", None)
-    expected["run"].pop("out_dir", None)
-    differing = sorted(f"{section}.{key}" for section in expected for key in expected[section]
-                       if found.get(section, {}).get(key) != expected[section][key])
+    found, expected = _flatten(found), _flatten(expected)
+    found.pop("run.out_dir", None)
+    expected.pop("run.out_dir", None)
+    differing = sorted(key for key in set(found) | set(expected) if found.get(key) != expected.get(key))
     if differing:
         return "resolved_config.json differs from the planned config at " + ", ".join(differing)
     if "dp_enabled" in summary and bool(summary["dp_enabled"]) == run.no_dp:
         return f"the run had DP {'on' if summary['dp_enabled'] else 'off'}, the spec says no_dp = {run.no_dp}"
+    if run.epsilon is not None and not run.no_dp and summary.get("epsilon_budget") != run.epsilon:
+        return f"the run's epsilon budget was {summary.get('epsilon_budget')}, the spec says {run.epsilon}"
     return None
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"grpo": {"lr": 1}} -> {"grpo.lr": 1}; policy options stay one value (compared whole)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name != "policy.options":
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat

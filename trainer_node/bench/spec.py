@@ -98,6 +98,8 @@ class BenchSpec(_Strict):
     """Label of the method every other one is compared with (paired differences, RO ratio)."""
     no_dp: bool = False
     """Pass --no-dp to every run (exact owner releases)."""
+    epsilon: float | None = Field(default=None, gt=0)
+    """The owner's total privacy budget per run (simulate --epsilon); None = simulate's default."""
     workers: int | None = Field(default=None, ge=1)
     """Concurrent runs; default max(1, cpu_count // 2) (a run is two processes: trainer + owner)."""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -226,6 +228,7 @@ class PlannedRun:
     no_dp: bool
     config: dict[str, Any]
     """The simulate config written for this run (no run.out_dir: the command's --out sets it)."""
+    epsilon: float | None = None
 
     @property
     def testbed_key(self) -> str:
@@ -240,10 +243,10 @@ class PlannedRun:
 
     @property
     def config_hash(self) -> str:
-        """sha256 of the canonical (sorted-key JSON) run inputs: config, seed, testbed, steps, DP."""
+        """sha256 of the canonical (sorted-key JSON) run inputs: config, seed, testbed, steps, DP, epsilon."""
         canonical = json.dumps(
             {"config": self.config, "policy": self.policy, "seed": self.seed, "testbed": self.testbed,
-             "steps": self.steps, "no_dp": self.no_dp},
+             "steps": self.steps, "no_dp": self.no_dp, "epsilon": self.epsilon},
             sort_keys=True, separators=(",", ":"),
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -305,6 +308,6 @@ def plan_runs(spec: BenchSpec) -> list[PlannedRun]:
             for seed in spec.seeds:
                 runs.append(PlannedRun(
                     testbed=testbed, label=method.label, policy=method.policy, seed=seed, steps=spec.steps,
-                    no_dp=spec.no_dp, config=run_config(spec, method, testbed, seed),
+                    no_dp=spec.no_dp, config=run_config(spec, method, testbed, seed), epsilon=spec.epsilon,
                 ))
     return runs

@@ -39,10 +39,13 @@ def _value(value: Any) -> str:
 
 
 def dumps(data: dict[str, Any]) -> str:
-    """Top-level scalars first, then one [section] per top-level table."""
-    lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    """Top-level scalars first, then one [section] per top-level table.
+
+    TOML has no null: a None value is left out, which for a config means "the default".
+    """
+    lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
     for section, table in data.items():
         if isinstance(table, dict):
             lines += ["", f"[{_key(section)}]"]
-            lines += [f"{_key(k)} = {_value(v)}" for k, v in table.items()]
+            lines += [f"{_key(k)} = {_value(v)}" for k, v in table.items() if v is not None]
     return "\n".join(lines).lstrip("\n") + "\n"

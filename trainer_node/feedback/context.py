@@ -66,6 +66,12 @@ class OwnerFeedback:
     def candidates(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> list[Any]:
         return self.trainer.lookahead_state_dicts(batch, weights)
 
+    def release_current(self, step: int) -> float | None:
+        """One release of the live model's held-out accuracy (noisy when DP is on), or None."""
+        self._step = step
+        accuracies = self.evaluate([])
+        return accuracies[0] if accuracies else None
+
     def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
         try:
             ids = [self.upload_state(self.trainer.current_state_dict(), "base")]
