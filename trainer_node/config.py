@@ -61,7 +61,7 @@ class PolicyConfig(_Section):
     """A registered data policy (trainer_node.policies)."""
     batch_size: int = Field(default=8, gt=0)
     """Prompts per training batch (B)."""
-    rollouts_per_prompt: int = Field(default=8, ge=2)
+    rollouts_per_prompt: int = Field(default=16, ge=2)
     """Rollouts per prompt (n); GRPO needs at least 2 to compare."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Policy-specific options, passed through as PolicySettings.options."""
@@ -87,7 +87,8 @@ class GrpoConfig(_Section):
     eps_high: float = Field(default=0.28, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
     """> 0 loads a frozen reference copy of the initial model and adds k3 KL."""
-    lr: float = Field(default=2e-4, gt=0)
+    lr: float = Field(default=5e-5, gt=0)
+    """Tiny CPU policy: 2e-4 already collapses sub:easy within 100 steps on the default testbed."""
     weight_decay: float = Field(default=0.01, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(default=1e-8, gt=0)
@@ -154,7 +155,7 @@ class RolloutConfig(_Section):
 
 
 class RunConfig(_Section):
-    steps: int = Field(default=60, gt=0)
+    steps: int = Field(default=300, gt=0)
     seed: int = 0
     out_dir: Path = Path("runs/train")
     eval_every: int = Field(default=0, ge=0)
