@@ -59,8 +59,8 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-from trainer_node.bench import add_bench_parser  # noqa: E402
-from trainer_node.simulate_cli import add_simulate  # noqa: E402
+from trainer_node.bench import add_bench_parser
+from trainer_node.simulate_cli import add_simulate
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_train, add_simulate, add_bench_parser]
 

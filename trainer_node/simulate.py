@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -167,8 +168,6 @@ class Simulation:
         }
         output.close(extra=summary, print_table=False)
         # RunOutput's summary.json has the training statistics; ours adds the run-level keys.
-        import json
-
         merged = json.loads((self.run_dir / "summary.json").read_text())
         merged.update(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
@@ -197,4 +196,4 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     return Simulation(opts).run()
 
 
-__all__ = ["SimulateOptions", "run_simulation", "OwnerProcessError", "SUMMARY_KEYS"]
+__all__ = ["SUMMARY_KEYS", "OwnerProcessError", "SimulateOptions", "run_simulation"]
