@@ -436,3 +436,14 @@ def _read_json_bytes(path: Path) -> bytes:
     if path.stat().st_size > MAX_JSON_FILE_BYTES:
         raise _refuse(errors.UPLOAD_TOO_LARGE, f"{path.name}: larger than {MAX_JSON_FILE_BYTES} bytes")
     return path.read_bytes()
+
+
+def checkpoint_id_for(files) -> str:
+    """The protocol's content address of a checkpoint: sha256 over its manifest sorted by
+    name, as compact canonical JSON [[name, size, sha256], ...]. Any object with `name`,
+    `size` and `sha256` attributes works (a proto FileEntry or the owner's manifest entry)."""
+    import hashlib
+    import json
+
+    rows = sorted([entry.name, int(entry.size), entry.sha256] for entry in files)
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()

@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.validation import (
     MAX_CHUNK_BYTES,
     CheckpointValidationError,
+    checkpoint_id_for,  # noqa: F401  (the shared content address)
     validate_checkpoint_dir,
     validate_file_name,
 )
@@ -60,10 +61,6 @@ class UploadResult:
     reused_files: tuple[str, ...]
 
 
-def checkpoint_id_for(files: Iterable[ManifestEntry]) -> str:
-    """sha256 over the manifest sorted by name, as canonical JSON [[name, size, sha256], ...]."""
-    rows = sorted([entry.name, entry.size, entry.sha256] for entry in files)
-    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 class CheckpointStore:

@@ -21,7 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
-from protocol.validation import MAX_CHUNK_BYTES
+from protocol.validation import (
+    MAX_CHUNK_BYTES,
+    checkpoint_id_for,  # noqa: F401  (the shared content address)
+)
 
 EOS_TOKEN = "<|endoftext|>"
 _VOCAB_TEXTS = [
@@ -48,11 +51,6 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def checkpoint_id_for(entries: list[pb.FileEntry]) -> str:
-    """The protocol's content address: sha256 over the manifest sorted by name, as compact
-    canonical JSON [[name, size, sha256], ...] (same rule as the owner's checkpoint store)."""
-    rows = sorted([entry.name, int(entry.size), entry.sha256] for entry in entries)
-    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def _tokenizer_files() -> dict[str, bytes]:
