@@ -27,6 +27,16 @@ class OwnerProcessError(RuntimeError):
     """The owner process failed to start, or died."""
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the owner when the trainer process dies, even by SIGKILL, so a killed
+    simulate never leaves an orphaned owner (it runs in its own session)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _owner_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "target_owner_node.cli", *args]
 
@@ -67,6 +77,7 @@ class OwnerProcess:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # our Ctrl-C does not hit it first; we stop it in order
+            preexec_fn=_die_with_parent,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout_s

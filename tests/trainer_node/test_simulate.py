@@ -78,3 +78,33 @@ def test_bad_simulate_config_is_one_clear_error(tmp_path, capsys):
     config.write_text('[model]\ntiny = true\n[policy]\nname = "nope"\n')
     assert main(["simulate", "--config", str(config)]) == 2
     assert "policy.name" in capsys.readouterr().err
+
+
+def test_owner_exits_when_its_trainer_parent_is_killed(small_owner, tmp_path):
+    """A SIGKILLed simulate must not leave an orphaned owner process behind."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from trainer_node.owner_process import OwnerProcess\n"
+        f"owner = OwnerProcess({str(small_owner)!r})\n"
+        "owner.start()\n"
+        "print(owner.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    owner_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(owner_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.kill(owner_pid, signal.SIGKILL)
+    pytest.fail("the owner process outlived its killed parent")
