@@ -54,6 +54,9 @@ class DataConfig(_Section):
     """A testbed name (rlvr_core.tasks.testbed) or a path to a testbed TOML file."""
     eval_size: int = Field(default=64, ge=0)
     """Source examples held out of the training pool for `train`'s local eval (0 = none)."""
+    train_on_feedback_split: bool = False
+    """The "target-mix" diagnostic (simulate only): add the owner's feedback split to the
+    training pool. It breaks the two-party privacy model on purpose, as an upper reference."""
 
 
 class PolicyConfig(_Section):
@@ -172,6 +175,20 @@ class RunConfig(_Section):
         return device
 
 
+class SelectionConfig(_Section):
+    """Checkpoint selection by target feedback (the L2RR paper's Table 12), any method.
+
+    Every `every` steps (and at the end) the live model becomes a candidate; after training,
+    ONE multi-candidate release on the owner's feedback split picks the best, charged like
+    any release (one query is kept back from the sampler's budget for it)."""
+
+    every: int = Field(default=0, ge=0)
+    """Candidate interval in steps (0 = off: the final model is reported)."""
+    max_candidates: int = Field(default=8, ge=2)
+    """At most this many candidates (evenly thinned, the final model always kept); the owner
+    caps candidates per query (evaluation.max_candidates_per_query, default 8)."""
+
+
 class FeedbackConfig(_Section):
     """A remote target owner to learn from (two-party deployment). Absent = no feedback."""
 
@@ -222,6 +239,7 @@ class TrainConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     run: RunConfig = RunConfig()
     feedback: FeedbackConfig | None = None
+    selection: SelectionConfig = SelectionConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

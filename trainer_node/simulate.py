@@ -27,6 +27,7 @@ from trainer_node.config import TrainConfig, load_config
 from trainer_node.feedback.client import TargetFeedbackClient
 from trainer_node.feedback.context import OwnerFeedback
 from trainer_node.feedback.pacing import BudgetPacer
+from trainer_node.feedback.selection import CheckpointSelector
 from trainer_node.owner_process import OwnerProcess, OwnerProcessError, init_owner
 from trainer_node.run_output import RunOutput
 
@@ -60,9 +61,16 @@ def default_config_path() -> Path:
     return Path(str(resources.files("trainer_node") / "configs" / "simulate_default.toml"))
 
 
+# Diagnostics that exist only in simulation, where the trainer could see the target set.
+TARGET_MIX = "target_mix"  # uniform GRPO on source + the owner's feedback split
+
+
 def resolve_config(opts: SimulateOptions) -> TrainConfig:
     overrides: dict[str, Any] = {}
-    if opts.method is not None:
+    if opts.method == TARGET_MIX:
+        overrides["policy.name"] = "uniform"
+        overrides["data.train_on_feedback_split"] = True
+    elif opts.method is not None:
         overrides["policy.name"] = opts.method
     if opts.testbed is not None:
         overrides["data.testbed"] = opts.testbed
@@ -72,7 +80,20 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
         overrides["run.steps"] = opts.steps
     if opts.out is not None:
         overrides["run.out_dir"] = str(opts.out)
-    return load_config(opts.config or default_config_path(), overrides)
+    config = load_config(opts.config or default_config_path(), overrides)
+    if config.policy.name == "oracle" and "domain_weights" not in config.policy.options:
+        config = _with_oracle_weights(config)
+    return config
+
+
+def _with_oracle_weights(config: TrainConfig) -> TrainConfig:
+    """The oracle diagnostic samples source domains in the target's composition, which only
+    a simulation knows (from the testbed file)."""
+    from rlvr_core.tasks.testbed import load_testbed, target_composition
+
+    weights = target_composition(load_testbed(config.data.testbed))
+    policy = config.policy.model_copy(update={"options": {**config.policy.options, "domain_weights": weights}})
+    return config.model_copy(update={"policy": policy})
 
 
 class Simulation:
@@ -100,12 +121,14 @@ class Simulation:
 
         setup = build_training(cfg)  # builds or loads the tiny policy (source data only)
         trainer = setup.trainer
+        select = cfg.selection.every > 0
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:
             info = client.info()
             feedback = OwnerFeedback(
                 client,
                 trainer,
-                BudgetPacer(total_steps=cfg.run.steps, dp_enabled=info.privacy.enabled),
+                BudgetPacer(total_steps=cfg.run.steps, dp_enabled=info.privacy.enabled,
+                            reserve_queries=1 if select else 0),
                 pb.DecodingSettings(
                     max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=1, temperature=0.0,
                     seed=cfg.run.seed,
@@ -114,18 +137,20 @@ class Simulation:
             )
             if setup.policy.uses_target_feedback:
                 trainer.feedback = feedback
+            selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)
+                        if select else None)
             cfg.save_resolved(self.run_dir)
             output = RunOutput(self.run_dir, cfg.run.steps, progress=self.opts.progress)
 
-            def test_eval(label: str) -> dict[str, Any]:
+            def test_eval(label: str, checkpoint_id: str | None = None, name: str = "target_test") -> dict[str, Any]:
                 owner.check_alive()
-                checkpoint_id = feedback.upload_current(label)
+                checkpoint_id = checkpoint_id or feedback.upload_current(label)
                 decoding = pb.DecodingSettings(
                     max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=1, temperature=0.0, seed=TEST_SEED
                 )
                 result = client.evaluate([checkpoint_id], decoding, split=pb.SPLIT_TEST).results[0]
                 record = {
-                    "name": "target_test", "step": trainer.step_index,
+                    "name": name, "step": trainer.step_index,
                     "rollouts_cumulative": trainer.rollouts_cumulative, "accuracy": result.accuracy,
                     **{f"accuracy/{d}": a for d, a in sorted(result.domain_accuracy.items())},
                 }
@@ -143,9 +168,16 @@ class Simulation:
                 )
                 output.log_step(record)
                 done = trainer.step_index
+                if selector is not None:
+                    selector.after_step(done)
                 if cfg.run.eval_every and done < cfg.run.steps and done % cfg.run.eval_every == 0:
                     test_eval(f"step{done}")
             after = test_eval("final")
+            selection = selected_test = None
+            if selector is not None:
+                selection = selector.select()
+                if selection is not None:
+                    selected_test = test_eval("selected", selection.chosen.checkpoint_id, "target_test_selected")
             budget = client.budget()
 
         summary = {
@@ -166,6 +198,11 @@ class Simulation:
             "releases": budget.releases_made,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
+        if cfg.data.train_on_feedback_split:
+            summary["diagnostic"] = TARGET_MIX
+        if selection is not None:
+            summary["selection"] = selection.to_json()
+            summary["target_accuracy_selected"] = selected_test["accuracy"]
         output.close(extra=summary, print_table=False)
         # RunOutput's summary.json has the training statistics; ours adds the run-level keys.
         merged = json.loads((self.run_dir / "summary.json").read_text())
@@ -184,6 +221,12 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
         f"  target test accuracy   {s['target_accuracy_before']:.3f} -> {s['target_accuracy_after']:.3f}"
         f"  ({delta:+.3f}, measured by the owner process)",
         f"  rollouts spent         {s['rollouts']}",
+    ]
+    if "selection" in s:
+        sel = s["selection"]
+        lines.append(f"  selected checkpoint    step {sel['selected_step']} of {sel['candidate_steps']} by target "
+                     f"feedback; its test accuracy {s['target_accuracy_selected']:.3f}")
+    lines += [
         f"  feedback queries       {s['feedback_queries']} ({s['feedback_failures']} failed)",
         f"  epsilon spent          {eps}",
         f"  wall time              {s['wall_seconds']:.1f} s",

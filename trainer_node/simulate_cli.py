@@ -26,7 +26,10 @@ examples:
   trainer-node simulate --method dapo --steps 20 --out runs/dapo
   trainer-node simulate --no-dp                           # exact releases (no DP noise)
   trainer-node simulate --config my.toml                  # override any key of the defaults
-methods: uniform, dapo, greso, ar3po, l2rr, oracle (see trainer_node/policies/)
+methods: uniform, dapo, greso, ar3po, l2rr (trainer_node/policies/); diagnostics that only a
+  simulation can run: oracle (source domains in the target's composition) and target_mix
+  (uniform GRPO that also trains on the owner's feedback split)
+checkpoint selection by target feedback (any method): set [selection] every = K in --config
 defaults: trainer_node/configs/simulate_default.toml"""
 
 
@@ -35,7 +38,7 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="the full system on one machine: L2RR + a local target-owner process",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--method", help="data policy (default: l2rr)")
+    parser.add_argument("--method", help="data policy or diagnostic (default: l2rr; see the list below)")
     parser.add_argument("--testbed", help="testbed name or TOML path (default: default)")
     parser.add_argument("--seed", type=int, help="run seed (default 0)")
     parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")

@@ -107,9 +107,11 @@ def build_training(
     data = build_testbed_data(testbed)
     template = testbed.prompt_template
     pool_examples, eval_examples = split_source(tuple(data.source), config.data.eval_size, int(testbed.seed))
+    model_dir = resolve_model_dir(config.model, pool_examples, template)  # warm-up on source only
+    if config.data.train_on_feedback_split:  # the target-mix diagnostic (simulate only)
+        pool_examples = pool_examples + tuple(data.feedback)
     pool = SourcePool(examples=pool_examples, clusters=tuple(cluster_of(e) for e in pool_examples))
 
-    model_dir = resolve_model_dir(config.model, pool_examples, template)
     dtype = getattr(torch, config.model.dtype)
     model, tokenizer = load_policy(model_dir, config.run.device, dtype)
     engine = build_engine(config.rollout.engine, model, tokenizer, device=config.run.device, **config.rollout.options)
@@ -154,6 +156,12 @@ def evaluate_source(setup: TrainingSetup) -> dict[str, float] | None:
 
 def run_training(config: TrainConfig, *, resume: Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
+    if config.data.train_on_feedback_split:
+        raise ConfigError("data.train_on_feedback_split: a simulation-only diagnostic; `train` never reads "
+                          "target data. Use `trainer-node simulate --method target_mix`, or set it to false")
+    if config.selection.every:
+        raise ConfigError("selection.every: checkpoint selection by target feedback runs in `simulate` "
+                          "(and `bench`); set it to 0 for `train`")
     setup = build_training(config)
     trainer = setup.trainer
     run_dir = Path(config.run.out_dir)

@@ -108,3 +108,87 @@ def test_owner_exits_when_its_trainer_parent_is_killed(small_owner, tmp_path):
         time.sleep(0.5)
     os.kill(owner_pid, signal.SIGKILL)
     pytest.fail("the owner process outlived its killed parent")
+
+
+def _tiny_sim_config(tmp_path, run_dir, policy, extra=""):
+    config = tmp_path / "sim.toml"
+    config.write_text(f"""
+[model]
+path = "{make_model_dir(tmp_path)}"
+[data]
+testbed = "small"
+eval_size = 0
+[policy]
+name = "{policy}"
+batch_size = 4
+rollouts_per_prompt = 2
+[rollout]
+max_new_tokens = 4
+[run]
+steps = 4
+out_dir = "{run_dir}"
+eval_every = 0
+{extra}
+""")
+    return config
+
+
+def test_simulate_selects_a_checkpoint_by_target_feedback(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = _tiny_sim_config(tmp_path, run_dir, "uniform", "[selection]\nevery = 2\n")
+    assert main(["simulate", "--config", str(config), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["selection"]["candidate_steps"] == [2, 4]
+    assert summary["selection"]["selected_step"] in (2, 4)
+    assert len(summary["selection"]["released_accuracy"]) == 2
+    assert 0.0 <= summary["target_accuracy_selected"] <= 1.0
+    assert summary["feedback_queries"] == 1 and summary["releases"] == 1  # uniform: only the selection release
+    assert summary["epsilon_spent"] > 0  # charged like any release
+    assert "selected checkpoint" in capsys.readouterr().out
+    evals = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["name"] for e in evals] == ["target_test", "target_test", "target_test_selected"]
+
+
+def test_simulate_target_mix_trains_on_the_feedback_split(tmp_path):
+    from trainer_node.simulate import SimulateOptions, resolve_config
+
+    run_dir = tmp_path / "run"
+    config = _tiny_sim_config(tmp_path, run_dir, "uniform")
+    resolved = resolve_config(SimulateOptions(method="target_mix", config=config))
+    assert resolved.policy.name == "uniform" and resolved.data.train_on_feedback_split
+    assert main(["simulate", "--config", str(config), "--method", "target_mix", "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["diagnostic"] == "target_mix" and summary["method"] == "uniform"
+
+
+def test_target_mix_pool_adds_the_feedback_split_but_not_the_test_split(tmp_path):
+    from trainer_node.config import load_config
+    from trainer_node.training import build_training
+
+    config = _tiny_sim_config(tmp_path, tmp_path / "run", "uniform")
+    plain = build_training(load_config(config))
+    mixed = build_training(load_config(config, {"data.train_on_feedback_split": True}))
+    assert len(mixed.pool) == len(plain.pool) + len(plain.data.feedback)
+    prompts = {e.prompt for e in mixed.pool.examples}
+    assert all(e.prompt in prompts for e in plain.data.feedback)
+    assert not any(e.prompt in prompts for e in plain.data.test)
+
+
+def test_oracle_gets_the_target_composition_in_simulation(tmp_path):
+    from rlvr_core.tasks.testbed import load_testbed, target_composition
+    from trainer_node.simulate import SimulateOptions, resolve_config
+
+    config = _tiny_sim_config(tmp_path, tmp_path / "run", "oracle")
+    resolved = resolve_config(SimulateOptions(config=config))
+    assert resolved.policy.options["domain_weights"] == target_composition(load_testbed("small"))
+
+
+def test_train_refuses_simulation_only_options(tmp_path):
+    from trainer_node.config import ConfigError, load_config
+    from trainer_node.training import run_training
+
+    config = _tiny_sim_config(tmp_path, tmp_path / "run", "uniform")
+    with pytest.raises(ConfigError, match="train_on_feedback_split"):
+        run_training(load_config(config, {"data.train_on_feedback_split": True}), progress=False)
+    with pytest.raises(ConfigError, match="selection.every"):
+        run_training(load_config(config, {"selection.every": 2}), progress=False)

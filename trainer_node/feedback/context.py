@@ -73,9 +73,20 @@ class OwnerFeedback:
         return accuracies[0] if accuracies else None
 
     def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
+        """One release comparing the live model (first) with candidate parameter sets."""
         try:
             ids = [self.upload_state(self.trainer.current_state_dict(), "base")]
             ids += [self.upload_state(state, f"cand{i}") for i, state in enumerate(candidates)]
+        except FeedbackError as err:
+            self.stats.failures += 1
+            log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
+            return None
+        return self.release_checkpoints(ids)
+
+    def release_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[float] | None:
+        """One (DP) release of the feedback-split accuracy of uploaded checkpoints, or None."""
+        ids = list(checkpoint_ids)
+        try:
             decoding = pb.DecodingSettings()
             decoding.CopyFrom(self.decoding)
             decoding.seed = self.decoding.seed + self._step  # fresh seed per query, shared by candidates
