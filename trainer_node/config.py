@@ -90,7 +90,7 @@ class GrpoConfig(_Section):
     eps_high: float = Field(default=0.28, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
     """> 0 loads a frozen reference copy of the initial model and adds k3 KL."""
-    lr: float = Field(default=5e-5, gt=0)
+    lr: float = Field(default=3e-4, gt=0)
     """Tiny CPU policy: 2e-4 already collapses sub:easy within 100 steps on the default testbed."""
     weight_decay: float = Field(default=0.01, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

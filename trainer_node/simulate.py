@@ -89,9 +89,9 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
 def _with_oracle_weights(config: TrainConfig) -> TrainConfig:
     """The oracle diagnostic samples source domains in the target's composition, which only
     a simulation knows (from the testbed file)."""
-    from rlvr_core.tasks.testbed import load_testbed, target_composition
+    from trainer_node.policies.oracle import target_domain_weights
 
-    weights = target_composition(load_testbed(config.data.testbed))
+    weights = target_domain_weights(config.data.testbed)
     policy = config.policy.model_copy(update={"options": {**config.policy.options, "domain_weights": weights}})
     return config.model_copy(update={"policy": policy})
 
@@ -203,6 +203,8 @@ class Simulation:
         if selection is not None:
             summary["selection"] = selection.to_json()
             summary["target_accuracy_selected"] = selected_test["accuracy"]
+            summary["target_domain_accuracy_selected"] = {
+                k.split("/", 1)[1]: v for k, v in selected_test.items() if k.startswith("accuracy/")}
         output.close(extra=summary, print_table=False)
         # RunOutput's summary.json has the training statistics; ours adds the run-level keys.
         merged = json.loads((self.run_dir / "summary.json").read_text())

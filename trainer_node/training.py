@@ -107,7 +107,8 @@ def build_training(
     data = build_testbed_data(testbed)
     template = testbed.prompt_template
     pool_examples, eval_examples = split_source(tuple(data.source), config.data.eval_size, int(testbed.seed))
-    model_dir = resolve_model_dir(config.model, pool_examples, template)  # warm-up on source only
+    # The tiny policy's warm-up: the testbed's warm-up split when it has one, else the RL pool.
+    model_dir = resolve_model_dir(config.model, data.warmup or pool_examples, template)
     if config.data.train_on_feedback_split:  # the target-mix diagnostic (simulate only)
         pool_examples = pool_examples + tuple(data.feedback)
     pool = SourcePool(examples=pool_examples, clusters=tuple(cluster_of(e) for e in pool_examples))

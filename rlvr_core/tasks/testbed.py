@@ -124,6 +124,10 @@ class TestbedSpec(BaseModel):
     target: list[MixtureEntry] = Field(min_length=1)
     feedback_fraction: float = Field(gt=0.0, lt=1.0)
     """Share of target data given to the owner as the held-out feedback split; the rest is test."""
+    warmup_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of each source entry's distinct prompts set aside for the tiny policy's supervised
+    warm-up and kept out of the RL pool (0 = the warm-up reuses the RL pool). As in practice, the
+    SFT data then differs from the RL prompts: GRPO cannot just sharpen answers it memorised."""
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     """How prompts are rendered for the model (must contain "{prompt}" once)."""
 
@@ -140,6 +144,7 @@ class TestbedData:
     source: tuple[Example, ...]
     feedback: tuple[Example, ...]
     test: tuple[Example, ...]
+    warmup: tuple[Example, ...] = ()  # the tiny policy's SFT data (warmup_fraction > 0), disjoint from source
 
 
 def testbed_names() -> list[str]:
@@ -220,16 +225,31 @@ _BUILD_CACHE_SIZE = 4
 
 def _build(spec: TestbedSpec) -> TestbedData:
     source: list[Example] = []
+    warmup: list[Example] = []
     for index, entry in enumerate(spec.source):
-        source.extend(_generate(entry, "src", index, _derive_seed(spec.seed, "src", index), avoid=None))
-    seen_prompts = {example.prompt for example in source}
+        drawn = _generate(entry, "src", index, _derive_seed(spec.seed, "src", index), avoid=None)
+        rl_part, warm_part = _split_warmup(drawn, spec.warmup_fraction, _derive_seed(spec.seed, "warm", index))
+        source.extend(rl_part)
+        warmup.extend(warm_part)
+    seen_prompts = {example.prompt for example in source + warmup}
     target: list[Example] = []
     for index, entry in enumerate(spec.target):
         drawn = _generate(entry, "tgt", index, _derive_seed(spec.seed, "tgt", index), avoid=seen_prompts)
         seen_prompts.update(example.prompt for example in drawn)
         target.extend(drawn)
     feedback, test = _split(target, spec.feedback_fraction, _derive_seed(spec.seed, "split", 0))
-    return TestbedData(source=tuple(source), feedback=feedback, test=test)
+    return TestbedData(source=tuple(source), feedback=feedback, test=test, warmup=tuple(warmup))
+
+
+def _split_warmup(drawn: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(RL part, warm-up part): a seeded `fraction` of the distinct prompts goes to the warm-up,
+    with every copy of a prompt on the same side, so the two never share a prompt."""
+    if fraction == 0.0:
+        return drawn, []
+    prompts = sorted({example.prompt for example in drawn})
+    random.Random(seed).shuffle(prompts)
+    warm = set(prompts[: round(len(prompts) * fraction)])
+    return [e for e in drawn if e.prompt not in warm], [e for e in drawn if e.prompt in warm]
 
 
 def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: set[str] | None) -> list[Example]:

@@ -152,3 +152,46 @@ def test_tiny_prompt_space_is_reported(tmp_path):
     )
     with pytest.raises(BadTestbed, match=r"target\[0\]: only \d+ of 200 prompts are new"):
         build_testbed_data(spec)
+
+
+def _warmup_spec(fraction):
+    return tb.TestbedSpec(
+        name="warm", seed=3, feedback_fraction=0.5, warmup_fraction=fraction,
+        source=[tb.MixtureEntry(task="basic_arithmetic", domain="add", size=120,
+                                config={"operators": ["+"], "min_terms": 2, "max_terms": 2, "max_digits": 1,
+                                        "allow_parentheses": False}),
+                tb.MixtureEntry(task="letter_counting", domain="count", size=60, config={"min_words": 3, "max_words": 5})],
+        target=[tb.MixtureEntry(task="letter_counting", domain="count", size=40, config={"min_words": 3, "max_words": 5})],
+    )
+
+
+def test_warmup_split_is_disjoint_from_the_rl_pool_and_the_target():
+    data = build_testbed_data(_warmup_spec(0.5))
+    pool = {e.prompt for e in data.source}
+    warm = {e.prompt for e in data.warmup}
+    target = {e.prompt for e in data.feedback + data.test}
+    assert warm and pool
+    assert not pool & warm  # every copy of a prompt lands on one side
+    assert not target & (pool | warm)  # the owner's data overlaps no training data, warm-up included
+    assert len(data.source) + len(data.warmup) == 180
+    for domain in ("add", "count"):  # each entry is split, so both sides keep every domain
+        assert any(e.domain == domain for e in data.warmup) and any(e.domain == domain for e in data.source)
+    assert build_testbed_data(_warmup_spec(0.5)) == data  # deterministic
+
+
+def test_no_warmup_fraction_keeps_the_pool_whole():
+    data = build_testbed_data(_warmup_spec(0.0))
+    assert data.warmup == () and len(data.source) == 180
+
+
+def test_default_testbed_reserves_a_warmup_split():
+    data = build_testbed_data(load_testbed("default"))
+    assert data.warmup and not {e.prompt for e in data.warmup} & {e.prompt for e in data.source}
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0])
+def test_bad_warmup_fraction_is_rejected(fraction):
+    with pytest.raises(BadTestbed, match="warmup_fraction"):
+        parse_testbed({"name": "x", "seed": 1, "feedback_fraction": 0.5, "warmup_fraction": fraction,
+                       "source": [{"task": "basic_arithmetic", "domain": "add", "size": 5}],
+                       "target": [{"task": "basic_arithmetic", "domain": "add", "size": 5}]}, "inline")

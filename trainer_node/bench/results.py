@@ -31,11 +31,15 @@ def headline(record: dict[str, Any]) -> float | None:
 
 
 def per_seed_values(summary: dict[str, Any]) -> dict[str, Any]:
-    """The final-checkpoint numbers of one run, from its simulate summary."""
-    domains = summary.get("target_domain_accuracy_after") or {}
+    """The reported checkpoint's numbers of one run, from its simulate summary: the final model,
+    or the one chosen by target feedback when the run used checkpoint selection."""
+    selected = summary.get("target_accuracy_selected") is not None
+    suffix = "selected" if selected else "after"
+    domains = summary.get(f"target_domain_accuracy_{suffix}") or {}
     before = summary.get("target_domain_accuracy_before") or {}
-    accuracy = summary["target_accuracy_after"]
+    accuracy = summary[f"target_accuracy_{suffix}"]
     return {
+        "checkpoint": f"selected (step {summary['selection']['selected_step']})" if selected else "final",
         "accuracy": accuracy,
         "balanced": stats.domain_balanced(domains) if domains else accuracy,
         "domains": dict(sorted(domains.items())),

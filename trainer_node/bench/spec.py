@@ -48,13 +48,15 @@ class MethodSpec(_Strict):
     label: str
     """Unique name of the row; also a directory name (letters, digits, _ . + -)."""
     policy: str
-    """A registered data policy (trainer_node.policies): uniform, dapo, greso, ar3po, l2rr, oracle."""
+    """A registered data policy (trainer_node.policies): uniform, dapo, greso, ar3po, l2rr, oracle.
+    (The target-mix diagnostic is uniform with config = { data = { train_on_feedback_split = true } }.)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """The policy's options (policy.options of the simulate config)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra simulate-config overrides as nested tables, e.g. {grpo = {lr = 1e-4}}."""
-    group: Literal["main", "ablation", "sweep"] = "main"
-    """Which table the row goes to: main = Table 1, ablation = Table 2, sweep = the lambda figure."""
+    group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
+    """Which table the row goes to: main = Table 1, ablation = Table 2, sweep = the lambda figure,
+    diagnostic = references and variants (oracle, target-mix, estimators, checkpoint selection)."""
 
     @field_validator("label")
     @classmethod
@@ -287,6 +289,10 @@ def run_config(spec: BenchSpec, method: MethodSpec, testbed: str, seed: int) -> 
         "run": {"seed": seed, "steps": spec.steps},
     })
     config["policy"]["options"] = json.loads(json.dumps(method.options))  # replace, never merge
+    if method.policy == "oracle" and "domain_weights" not in method.options:
+        from trainer_node.policies.oracle import target_domain_weights  # as simulate fills them in
+
+        config["policy"]["options"]["domain_weights"] = target_domain_weights(testbed)
     config["run"].pop("out_dir", None)
     return config
 

@@ -14,7 +14,7 @@ class GRPOSettings:
     advantage: str = "grpo"
     loss: str = "ppo_clip"
     loss_settings: LossSettings = field(default_factory=LossSettings)
-    lr: float = 5e-5
+    lr: float = 3e-4
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8

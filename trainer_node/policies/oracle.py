@@ -53,6 +53,14 @@ class OracleOptions:
         )
 
 
+def target_domain_weights(testbed: str) -> dict[str, float]:
+    """The target's domain composition from a testbed file: what a simulation fills in as
+    `domain_weights` when none are given (a real trainer cannot know it)."""
+    from rlvr_core.tasks.testbed import load_testbed, target_composition
+
+    return target_composition(load_testbed(testbed))
+
+
 @register_policy
 class OraclePolicy(DataPolicy):
     name = "oracle"
