@@ -107,11 +107,11 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
     assert {"waste_penalty": False} in ablations and {"rollout_allocation": False} in ablations
     assert {"learn_q": False} in ablations
     assert labels["l2rr"].options == {}
-    assert labels["l2rr-spsa"].options == {"estimator": "spsa"} and labels["l2rr-spsa"].group == "diagnostic"
-    assert len(plan_runs(full)) == 12 * 9
+    assert len(plan_runs(full)) == 12 * 8
     sweep = load_profile("sweep")
     assert sorted(m.options["lambda_waste"] for m in sweep.methods if m.group == "sweep") == [0.05, 0.5, 1.0]
     diagnostics = {m.label: m for m in load_profile("diagnostics").methods}
+    assert diagnostics["l2rr-spsa"].options == {"estimator": "spsa"}
     assert diagnostics["target-mix"].config == {"data": {"train_on_feedback_split": True}}
     assert diagnostics["uniform-select"].config == {"selection": {"every": 10}}
     oracle_run = next(r for r in plan_runs(load_profile("diagnostics")) if r.label == "oracle")
