@@ -39,7 +39,7 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--method", help="data policy or diagnostic (default: l2rr; see the list below)")
-    parser.add_argument("--testbed", help="testbed name or TOML path (default: default)")
+    parser.add_argument("--testbed", help="testbed name (built-in: default, arith, strings, small) or a testbed TOML path (default: default)")
     parser.add_argument("--seed", type=int, help="run seed (default 0)")
     parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")
     parser.add_argument("--out", type=Path, help="run directory (default runs/simulate)")
@@ -51,7 +51,12 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from trainer_node.simulate import SimulateOptions, run_simulation
+    from trainer_node.policies.base import policy_names
+    from trainer_node.simulate import TARGET_MIX, SimulateOptions, run_simulation
+
+    known = [*policy_names(), TARGET_MIX]
+    if args.method is not None and args.method not in known:
+        raise SystemExit(f"trainer-node simulate: --method {args.method!r} is unknown; choose one of: {', '.join(known)}")
 
     run_simulation(
         SimulateOptions(

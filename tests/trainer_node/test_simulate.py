@@ -192,3 +192,10 @@ def test_train_refuses_simulation_only_options(tmp_path):
         run_training(load_config(config, {"data.train_on_feedback_split": True}), progress=False)
     with pytest.raises(ConfigError, match="selection.every"):
         run_training(load_config(config, {"selection.every": 2}), progress=False)
+
+
+def test_unknown_simulate_method_names_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--method", "nope"])
+    assert exit_info.value.code != 0
+    assert "target_mix" in str(exit_info.value.code) and "uniform" in str(exit_info.value.code)
