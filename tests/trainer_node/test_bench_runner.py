@@ -173,3 +173,25 @@ def test_epsilon_reaches_the_command_and_the_hash(tmp_path):
     assert run.config_hash != plain.config_hash
     record = runner.execute_run(run, tmp_path, FakeSimulate())
     assert record["status"] == "ok" and record["summary"]["epsilon_budget"] == 2.5
+
+
+def test_report_against_another_control_goes_to_its_own_folder(tmp_path, capsys):
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text('name = "t"\nseeds = [0, 1]\nsteps = 4\n[config.run]\neval_every = 2\n'
+                         '[[methods]]\nlabel = "uniform"\npolicy = "uniform"\n'
+                         '[[methods]]\nlabel = "l2rr"\npolicy = "l2rr"\n')
+    out = tmp_path / "out"
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--list-runs"]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        subprocess.run([sys.executable, str(FAKE), *shlex.split(line)[4:]], check=True)
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--report-only"]) == 0
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--report-only", "--control", "l2rr"]) == 0
+    main = json.loads((out / "results.json").read_text())
+    other = json.loads((out / "vs-l2rr" / "results.json").read_text())
+    assert main["control"] == "uniform" and other["control"] == "l2rr"  # the spec's report is kept
+    assert "Δ vs l2rr" in (out / "vs-l2rr" / "report.md").read_text()
+    delta_main = main["testbeds"]["default"]["methods"]["l2rr"]["delta_vs_control"]["mean"]
+    delta_other = other["testbeds"]["default"]["methods"]["uniform"]["delta_vs_control"]["mean"]
+    assert delta_other == pytest.approx(-delta_main)  # the same pairs, the other way round
+    with pytest.raises(Exception, match="--control"):
+        bench(["--spec", str(spec_file), "--out", str(out), "--report-only", "--control", "nope"])

@@ -47,6 +47,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="write the run configs and print one simulate command per pending run, one per line")
     mode.add_argument("--report-only", action="store_true",
                       help="run nothing: gather records (or run dirs filled elsewhere) and write the report")
+    parser.add_argument("--control", metavar="LABEL",
+                        help="pair every method against this label instead of the spec's control; the report, "
+                             "results.json and PNGs then go to OUT/vs-LABEL/ (e.g. --report-only --control l2rr)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_bench)
 
@@ -58,6 +61,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec) if args.spec else load_profile(args.profile)
     out = args.out or DEFAULT_OUT_ROOT / spec.name
+    report_dir = out
+    if args.control is not None and args.control != spec.control:
+        labels = [m.label for m in spec.methods]
+        if args.control not in labels:
+            raise BenchSpecError(f"--control: {args.control!r} is not a method label; labels: {', '.join(labels)}")
+        spec = spec.model_copy(update={"control": args.control})
+        report_dir = out / f"vs-{args.control}"
     if args.workers is not None and args.workers < 1:
         raise BenchSpecError(f"--workers must be >= 1, got {args.workers}")
     workers = args.workers or spec.resolved_workers()
@@ -84,7 +94,7 @@ def run_bench(args: argparse.Namespace) -> int:
         records, skipped = runner.run_all(runs, out, workers, progress=not args.no_progress, timeout=args.timeout)
         if skipped:
             print(f"bench: {len(skipped)} of {len(runs)} runs already done (same config hash), skipped", file=sys.stderr)
-    report = write_outputs(spec, records, out)
+    report = write_outputs(spec, records, out, report_dir)
     bad = [r for r in records if r.get("status") != "ok"]
     print(f"bench: {len(records) - len(bad)} of {len(records)} runs have results; report {report}")
     for record in bad:
@@ -93,14 +103,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def write_outputs(spec: BenchSpec, records: list[dict[str, Any]], out: Path) -> Path:
-    """results.json, the figures and report.md, all from the records."""
+def write_outputs(spec: BenchSpec, records: list[dict[str, Any]], out: Path, report_dir: Path | None = None) -> Path:
+    """results.json, the figures and report.md (in report_dir, default out), all from the records."""
     from trainer_node.bench.plots import write_plots
     from trainer_node.bench.report import write_report
     from trainer_node.bench.results import compute_results, json_safe
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    dest = Path(report_dir) if report_dir is not None else out
+    dest.mkdir(parents=True, exist_ok=True)
     results = compute_results(spec, records, out)
-    (out / "results.json").write_text(json.dumps(json_safe(results), indent=2, sort_keys=True, allow_nan=False) + "\n")
-    return write_report(results, out, write_plots(results, out))
+    (dest / "results.json").write_text(json.dumps(json_safe(results), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return write_report(results, dest, write_plots(results, dest))
