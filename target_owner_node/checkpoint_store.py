@@ -37,7 +37,7 @@ from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.validation import (
     MAX_CHUNK_BYTES,
     CheckpointValidationError,
-    checkpoint_id_for,  # noqa: F401  (the shared content address)
+    checkpoint_id_for,
     validate_checkpoint_dir,
     validate_file_name,
 )

@@ -44,7 +44,7 @@ def _generate(out_dir: Path) -> list[Path]:
     for path in generated:
         text = path.read_text()
         # protoc writes imports relative to the proto root; make them package-absolute.
-        text = re.sub(r"^from (target_feedback\.)", rf"from {PACKAGE_PREFIX}.\1", text, flags=re.M)
+        text = re.sub(r"^from (target_feedback\.)", rf"from {PACKAGE_PREFIX}.\1", text, flags=re.MULTILINE)
         path.write_text(text)
     for folder in {p.parent for p in generated} | {out_dir}:
         while folder != out_dir.parent:

@@ -220,8 +220,8 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
     lines = [
         "",
         f"simulate: {s['method']} on testbed {s['testbed']!r}, seed {s['seed']}, {s['steps']} steps",
-        f"  target test accuracy   {s['target_accuracy_before']:.3f} -> {s['target_accuracy_after']:.3f}"
-        f"  ({delta:+.3f}, measured by the owner process)",
+        (f"  target test accuracy   {s['target_accuracy_before']:.3f} -> {s['target_accuracy_after']:.3f}"
+         f"  ({delta:+.3f}, measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",
     ]
     if "selection" in s:

@@ -95,8 +95,8 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     diagnostics = _methods(tb, "diagnostic")
     if diagnostics:
         lines += ["", "### Diagnostics and variants", "",
-                  "Simulation-only references (oracle mix, target-mix) and variants (hypergradient "
-                  "estimator, checkpoint selection by target feedback); not deployable rows of Table 1.", "",
+                  ("Simulation-only references (oracle mix, target-mix) and variants (hypergradient "
+                   "estimator, checkpoint selection by target feedback); not deployable rows of Table 1."), "",
                   *_table_header(domains, control)]
         lines += [_table_row(m, domains, control) for m in diagnostics]
     sweep = sorted((m for m in tb["methods"].values() if m["group"] == "sweep" or _plain_l2rr(m)),
