@@ -195,3 +195,17 @@ def test_report_against_another_control_goes_to_its_own_folder(tmp_path, capsys)
     assert delta_other == pytest.approx(-delta_main)  # the same pairs, the other way round
     with pytest.raises(Exception, match="--control"):
         bench(["--spec", str(spec_file), "--out", str(out), "--report-only", "--control", "nope"])
+
+
+def test_runs_are_stoppable_even_when_the_bench_was_started_ignoring_sigint(tmp_path):
+    """A bench launched from a background job ignores SIGINT; its runs must still stop on it."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        spec = parse_spec({"seeds": [0], "steps": 2, "control": "slow",
+                           "methods": [{"label": "slow", "policy": "uniform", "options": {"fake_sleep": 60}}]})
+        record = runner.execute_run(plan_runs(spec)[0], tmp_path, FakeSimulate(), timeout=1.0)
+        assert record["status"] == "failed" and record["wall_seconds"] < 30
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -146,6 +146,7 @@ def execute_run(run: PlannedRun, out: Path, command_builder: CommandBuilder = si
                 env: dict[str, str] | None = None, commit: str = "unknown",
                 timeout: float | None = None) -> dict[str, Any]:
     """Run one planned run from scratch and write its record; never raises for a failed run."""
+    let_children_take_sigint()
     run_dir = run.run_dir(out)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # no stale files from an older config
@@ -187,6 +188,16 @@ def run_process(argv: list[str], log: IO[str], env: dict[str, str] | None, timeo
     finally:
         with _LIVE_LOCK:
             _LIVE.discard(proc)
+
+
+def let_children_take_sigint() -> None:
+    """The bench stops a run with SIGINT, so its children must not ignore it. A process started
+    from a background job (`cmd &` in a script, nohup) ignores SIGINT and its children inherit
+    the ignore; a Python-level handler, by contrast, is reset to the default at exec. So
+    installing one here (main thread only, as `signal` requires) gives every child a working
+    SIGINT. It changes nothing when SIGINT is already handled."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
@@ -231,6 +242,7 @@ def _outcome(run: PlannedRun, run_dir: Path, returncode: int) -> dict[str, Any]:
 def run_all(runs: Sequence[PlannedRun], out: Path, workers: int, command_builder: CommandBuilder = simulate_command,
             progress: bool = True, timeout: float | None = None) -> tuple[list[dict[str, Any]], list[PlannedRun]]:
     """Run every planned run that is not done yet; return (records of all runs, the runs skipped)."""
+    let_children_take_sigint()
     out = Path(out)
     skipped = [run for run in runs if is_done(out, run)]
     pending = [run for run in runs if run not in skipped]
