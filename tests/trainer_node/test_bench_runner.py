@@ -98,11 +98,16 @@ def bench(argv):
     return args.run(args)
 
 
-def test_list_runs_then_external_execution_then_report_only(tmp_path, capsys):
+def write_two_method_spec(tmp_path):
     spec_file = tmp_path / "spec.toml"
     spec_file.write_text('name = "t"\nseeds = [0, 1]\nsteps = 4\n[config.run]\neval_every = 2\n'
                          '[[methods]]\nlabel = "uniform"\npolicy = "uniform"\n'
                          '[[methods]]\nlabel = "l2rr"\npolicy = "l2rr"\n')
+    return spec_file
+
+
+def test_list_runs_then_external_execution_then_report_only(tmp_path, capsys):
+    spec_file = write_two_method_spec(tmp_path)
     out = tmp_path / "out"
     assert bench(["--spec", str(spec_file), "--out", str(out), "--list-runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -176,10 +181,7 @@ def test_epsilon_reaches_the_command_and_the_hash(tmp_path):
 
 
 def test_report_against_another_control_goes_to_its_own_folder(tmp_path, capsys):
-    spec_file = tmp_path / "spec.toml"
-    spec_file.write_text('name = "t"\nseeds = [0, 1]\nsteps = 4\n[config.run]\neval_every = 2\n'
-                         '[[methods]]\nlabel = "uniform"\npolicy = "uniform"\n'
-                         '[[methods]]\nlabel = "l2rr"\npolicy = "l2rr"\n')
+    spec_file = write_two_method_spec(tmp_path)
     out = tmp_path / "out"
     assert bench(["--spec", str(spec_file), "--out", str(out), "--list-runs"]) == 0
     for line in capsys.readouterr().out.splitlines():

@@ -53,3 +53,9 @@ def test_bad_toml_and_missing_file(tmp_path):
     bad.write_text("[model\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(("key", "value"), [("selection.every", -1), ("selection.max_candidates", 1)])
+def test_bad_selection_settings_name_the_field(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(DEFAULT_CONFIG, {key: value})

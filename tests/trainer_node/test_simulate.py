@@ -21,24 +21,7 @@ def small_owner(tmp_path_factory):
 
 def test_simulate_runs_end_to_end_and_leaves_no_owner_process(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    config = tmp_path / "sim.toml"
-    config.write_text(f"""
-[model]
-path = "{make_model_dir(tmp_path)}"
-[data]
-testbed = "small"
-eval_size = 0
-[policy]
-name = "l2rr"
-batch_size = 4
-rollouts_per_prompt = 2
-[rollout]
-max_new_tokens = 4
-[run]
-steps = 2
-out_dir = "{run_dir}"
-eval_every = 1
-""")
+    config = _tiny_sim_config(tmp_path, run_dir, "l2rr", steps=2, eval_every=1)
     assert main(["simulate", "--config", str(config), "--no-progress", "--epsilon", "4"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in SUMMARY_KEYS:
@@ -110,7 +93,7 @@ def test_owner_exits_when_its_trainer_parent_is_killed(small_owner, tmp_path):
     pytest.fail("the owner process outlived its killed parent")
 
 
-def _tiny_sim_config(tmp_path, run_dir, policy, extra=""):
+def _tiny_sim_config(tmp_path, run_dir, policy, extra="", steps=4, eval_every=0):
     config = tmp_path / "sim.toml"
     config.write_text(f"""
 [model]
@@ -125,9 +108,9 @@ rollouts_per_prompt = 2
 [rollout]
 max_new_tokens = 4
 [run]
-steps = 4
+steps = {steps}
 out_dir = "{run_dir}"
-eval_every = 0
+eval_every = {eval_every}
 {extra}
 """)
     return config
