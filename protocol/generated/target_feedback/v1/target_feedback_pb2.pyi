@@ -30,7 +30,7 @@ SPLIT_FEEDBACK: Split
 SPLIT_TEST: Split
 
 class PrivacyParameters(_message.Message):
-    __slots__ = ("enabled", "epsilon_budget", "delta", "planned_releases", "sample_rate", "noise_multiplier", "accountant", "expected_sample_size", "noise_std", "per_client_epsilon_cap")
+    __slots__ = ("enabled", "epsilon_budget", "delta", "planned_releases", "sample_rate", "noise_multiplier", "accountant", "expected_sample_size", "noise_std", "per_client_epsilon_cap", "rows_per_query", "row_cap_tail")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class PrivacyParameters(_message.Message):
     EXPECTED_SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NOISE_STD_FIELD_NUMBER: _ClassVar[int]
     PER_CLIENT_EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_QUERY_FIELD_NUMBER: _ClassVar[int]
+    ROW_CAP_TAIL_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     epsilon_budget: float
     delta: float
@@ -51,17 +53,21 @@ class PrivacyParameters(_message.Message):
     expected_sample_size: float
     noise_std: float
     per_client_epsilon_cap: float
-    def __init__(self, enabled: _Optional[bool] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., planned_releases: _Optional[int] = ..., sample_rate: _Optional[float] = ..., noise_multiplier: _Optional[float] = ..., accountant: _Optional[str] = ..., expected_sample_size: _Optional[float] = ..., noise_std: _Optional[float] = ..., per_client_epsilon_cap: _Optional[float] = ...) -> None: ...
+    rows_per_query: int
+    row_cap_tail: float
+    def __init__(self, enabled: _Optional[bool] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., planned_releases: _Optional[int] = ..., sample_rate: _Optional[float] = ..., noise_multiplier: _Optional[float] = ..., accountant: _Optional[str] = ..., expected_sample_size: _Optional[float] = ..., noise_std: _Optional[float] = ..., per_client_epsilon_cap: _Optional[float] = ..., rows_per_query: _Optional[int] = ..., row_cap_tail: _Optional[float] = ...) -> None: ...
 
 class DecodingLimits(_message.Message):
-    __slots__ = ("max_new_tokens", "max_samples_per_prompt", "max_candidates_per_query")
+    __slots__ = ("max_new_tokens", "max_samples_per_prompt", "max_candidates_per_query", "max_prompt_tokens")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_PER_QUERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     max_samples_per_prompt: int
     max_candidates_per_query: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., max_samples_per_prompt: _Optional[int] = ..., max_candidates_per_query: _Optional[int] = ...) -> None: ...
+    max_prompt_tokens: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., max_samples_per_prompt: _Optional[int] = ..., max_candidates_per_query: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class UploadLimits(_message.Message):
     __slots__ = ("max_checkpoint_bytes", "max_chunk_bytes", "allowed_architectures", "allowed_file_names")
@@ -80,7 +86,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size")
+    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +98,7 @@ class GetInfoResponse(_message.Message):
     PROMPT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     TEST_SPLIT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     TEST_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TEST_DOMAINS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     task_description: str
     answer_format: str
@@ -103,7 +110,8 @@ class GetInfoResponse(_message.Message):
     prompt_template: str
     test_split_enabled: bool
     test_size: int
-    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ...) -> None: ...
+    test_domains: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("name", "size", "sha256")
