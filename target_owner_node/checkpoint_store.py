@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +66,17 @@ class UploadResult:
 class CheckpointStore:
     """Receives, validates and stores checkpoints; thread-safe."""
 
-    def __init__(self, root: str | Path, max_checkpoint_bytes: int, quota_bytes: int) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        max_checkpoint_bytes: int,
+        quota_bytes: int,
+        probe: Callable[[str, Path], None] | None = None,
+    ) -> None:
+        """`probe(checkpoint_id, folder)` dry-runs a validated new checkpoint before it is stored
+        (the evaluation worker's `probe`); it raises ProtocolError to refuse it."""
         self.root = Path(root)
+        self.probe = probe
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.quota_bytes = quota_bytes
         self.blobs = self.root / "blobs"
@@ -91,6 +100,18 @@ class CheckpointStore:
     def manifest(self, checkpoint_id: str) -> list[ManifestEntry]:
         record = json.loads((self.checkpoints / f"{checkpoint_id}.json").read_text(encoding="utf-8"))
         return [ManifestEntry(f["name"], f["size"], f["sha256"]) for f in record["files"]]
+
+    def context_length(self, checkpoint_id: str) -> int:
+        """The checkpoint's public context length (config.json max_position_embeddings or n_positions)."""
+        config_entry = next(e for e in self.manifest(checkpoint_id) if e.name == "config.json")
+        config = json.loads((self.blobs / config_entry.sha256).read_text(encoding="utf-8"))
+        value = config.get("max_position_embeddings", config.get("n_positions"))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid(
+                errors.INVALID_CHECKPOINT,
+                "config.json: max_position_embeddings (or n_positions) must be a positive integer",
+            )
+        return value
 
     def holds_blob(self, sha256: str) -> bool:
         return (self.blobs / sha256).is_file()
@@ -134,8 +155,8 @@ class CheckpointStore:
         try:
             received, digests = self._receive_chunks(messages, {e.name: e for e in entries}, workdir)
             self._verify_complete(entries, held, received, digests, workdir)
-            self._validate_contents(entries, received, workdir)
             checkpoint_id = checkpoint_id_for(entries)
+            self._validate_contents(checkpoint_id, entries, received, workdir)
             self._commit(checkpoint_id, entries, received, workdir)
             reused = tuple(sorted(name for name in held if name not in received))
             return UploadResult(checkpoint_id, sum(received.values()), reused)
@@ -274,10 +295,14 @@ class CheckpointStore:
                     )
 
     def _validate_contents(
-        self, entries: list[ManifestEntry], received: dict[str, int], workdir: Path
+        self, checkpoint_id: str, entries: list[ManifestEntry], received: dict[str, int], workdir: Path
     ) -> None:
         """Validate the checkpoint as the loader will see it, reused blobs included (a blob
-        validated under one name may come back under another)."""
+        validated under one name may come back under another), then dry-run it.
+
+        Every check runs at upload, on public inputs only, so that nothing knowable before
+        a charge can make a later evaluation fail (a failure whose occurrence depended on the
+        sampled rows would be a noise-free release)."""
         for entry in entries:
             if entry.name not in received:
                 os.link(self.blobs / entry.sha256, workdir / entry.name)
@@ -285,6 +310,8 @@ class CheckpointStore:
             validate_checkpoint_dir(workdir, max_total_bytes=self.max_checkpoint_bytes)
         except CheckpointValidationError as error:
             raise error.to_protocol_error() from None
+        if self.probe is not None and not self.exists(checkpoint_id):
+            self.probe(checkpoint_id, workdir)
         for entry in entries:
             if entry.name not in received:
                 (workdir / entry.name).unlink()

@@ -108,18 +108,33 @@ class EvaluationConfig(_Section):
         default="auto", description="Weights dtype."
     )
     max_new_tokens: int = Field(default=256, description="Cap on DecodingSettings.max_new_tokens.")
+    max_prompt_tokens: int = Field(
+        default=128,
+        description="PUBLIC prompt width: every rendered prompt is left-truncated or left-padded to exactly "
+        "this many tokens (fixed shapes: time and memory never depend on which rows were drawn). Choose it "
+        "from the public task card, not from the held-out rows; GetInfo publishes it.",
+    )
     max_samples_per_prompt: int = Field(
         default=8, description="Cap on DecodingSettings.samples_per_prompt (k)."
     )
     max_candidates_per_query: int = Field(default=8, description="Most checkpoints one Evaluate may compare.")
-    batch_size: int = Field(default=16, description="Prompts per generation batch in the worker.")
+    batch_size: int = Field(
+        default=16, description="Prompts per generation batch in the worker (every batch is this full)."
+    )
     timeout_s: float = Field(
         default=1800.0, description="Wall-clock limit for one Evaluate; the worker is restarted past it."
     )
     model_cache_size: int = Field(default=2, description="Loaded models the worker keeps (LRU).")
+    min_response_s: float = Field(
+        default=0.0,
+        description="Optional floor on the wall time of a feedback Evaluate: the reply is held until this "
+        "many seconds after the request arrived. A second timing defence for engines without fixed shapes "
+        "(vLLM); 0 = off.",
+    )
 
     @field_validator(
         "max_new_tokens",
+        "max_prompt_tokens",
         "max_samples_per_prompt",
         "max_candidates_per_query",
         "batch_size",
@@ -136,6 +151,13 @@ class EvaluationConfig(_Section):
     def _positive_time(cls, v: float) -> float:
         if not (v > 0 and math.isfinite(v)):
             raise ValueError(f"must be a positive number of seconds; got {v}")
+        return v
+
+    @field_validator("min_response_s")
+    @classmethod
+    def _non_negative_time(cls, v: float) -> float:
+        if not (v >= 0 and math.isfinite(v)):
+            raise ValueError(f"must be 0 (off) or a positive number of seconds; got {v}")
         return v
 
 
@@ -166,6 +188,12 @@ class PrivacyConfig(_Section):
     )
     per_client_epsilon_cap: float = Field(
         default=0.0, description="Most epsilon one client may spend; 0 = no cap."
+    )
+    row_cap_tail: float = Field(
+        default=1e-10,
+        description="Every query evaluates a fixed, public number of rows M, the smallest with "
+        "P(subsample size > M) <= row_cap_tail; a larger subsample is cut to a random M rows, which adds at "
+        "most row_cap_tail to delta per release. Smaller = more padding rows per query.",
     )
 
     @field_validator("epsilon_budget")
@@ -202,6 +230,25 @@ class PrivacyConfig(_Section):
         if not (v >= 0 and math.isfinite(v)):
             raise ValueError(f"must be 0 (no cap) or a positive number; got {v}")
         return v
+
+    @field_validator("row_cap_tail")
+    @classmethod
+    def _tail(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError(f"must be in (0, 1), e.g. 1e-10; got {v:g}")
+        return v
+
+    @model_validator(mode="after")
+    def _tail_small_beside_delta(self) -> PrivacyConfig:
+        # Over the planned releases the truncation events add planned_releases * row_cap_tail to delta;
+        # keep that a small share of the declared delta so the stated guarantee stays honest.
+        if self.enabled and self.row_cap_tail * self.planned_releases > self.delta / 10:
+            raise ValueError(
+                f"row_cap_tail: {self.row_cap_tail:g} x planned_releases {self.planned_releases} adds more than "
+                f"a tenth of delta ({self.delta:g}); lower row_cap_tail to at most "
+                f"{self.delta / 10 / self.planned_releases:.1g}"
+            )
+        return self
 
 
 class TlsConfig(_Section):
@@ -300,6 +347,11 @@ class MetricsConfig(_Section):
 
     port: int | None = Field(default=None, description="Port of /metrics; unset = disabled, 0 = any free port.")
     host: str = Field(default="127.0.0.1", description="Address /metrics listens on (loopback by default).")
+    allow_non_loopback: bool = Field(
+        default=False,
+        description="Serve /metrics on a non-loopback host. Off by default: metrics are for the owner's own "
+        "monitoring, and whoever can scrape them sees request counts and the spend.",
+    )
 
     @field_validator("port")
     @classmethod
@@ -307,6 +359,15 @@ class MetricsConfig(_Section):
         if v is not None and not 0 <= v <= 65535:
             raise ValueError(f"must be in [0, 65535]; got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> MetricsConfig:
+        if self.port is not None and not self.allow_non_loopback and not is_loopback(self.host):
+            raise ValueError(
+                f"host: {self.host!r} is not a loopback address; keep /metrics on 127.0.0.1 (publish it "
+                "through your own proxy) or set metrics.allow_non_loopback = true knowingly"
+            )
+        return self
 
 
 class AccessConfig(_Section):

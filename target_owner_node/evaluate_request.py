@@ -17,6 +17,7 @@ from target_owner_node.config import EvaluationConfig
 FEEDBACK = "feedback"
 TEST = "test"
 MAX_TEMPERATURE = 10.0
+MAX_SEED = 2**63  # the engines derive per-row generators from a 63-bit seed
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -55,8 +56,14 @@ def parse_evaluate_request(
     limits: EvaluationConfig,
     test_split_enabled: bool,
     checkpoint_exists: Callable[[str], bool],
+    checkpoint_positions: Callable[[str], int] | None = None,
 ) -> EvaluateInputs:
     """Check ids, decoding and split; raises ProtocolError (INVALID_ARGUMENT) naming the field.
+
+    Everything that could make the evaluation fail for a reason knowable now is refused here,
+    before anything is charged: a refusal depends only on the request and public facts of the
+    checkpoints, never on which held-out rows a subsample would draw. `checkpoint_positions`
+    gives a stored checkpoint's context length (from its public config.json).
 
     Unset decoding fields take defaults: max_new_tokens = the owner's cap, samples_per_prompt = 1.
     """
@@ -108,6 +115,23 @@ def parse_evaluate_request(
         split = TEST
     else:
         raise invalid(errors.INVALID_REQUEST, f"split: unknown value {request.split}")
+
+    if not 0 <= d.seed < MAX_SEED:
+        raise invalid(
+            errors.DECODING_OUT_OF_LIMITS,
+            f"decoding.seed: must be in [0, 2**63); got {d.seed}",
+            limit=str(MAX_SEED - 1),
+        )
+    if checkpoint_positions is not None:
+        for position, checkpoint_id in enumerate(ids):
+            context = checkpoint_positions(checkpoint_id)
+            if context <= max_new_tokens:
+                raise invalid(
+                    errors.DECODING_OUT_OF_LIMITS,
+                    f"decoding.max_new_tokens: checkpoint_ids[{position}] has a context of {context} positions, "
+                    f"which leaves no room for a prompt after {max_new_tokens} new tokens; ask for fewer",
+                    index=str(position),
+                )
 
     if request.request_id and not REQUEST_ID.match(request.request_id):
         raise invalid(

@@ -109,15 +109,46 @@ class WorkerScorer:
     ) -> np.ndarray:
         if len(indices) == 0:
             return np.zeros((len(checkpoints), 0))
+        request = (
+            "score",
+            split,
+            [(cid, str(path)) for cid, path in checkpoints],
+            [int(i) for i in indices],
+            decoding.to_json(),
+        )
+        status, payload = self._call(request)
+        if status != "ok":
+            if payload == MODEL_LOAD_FAILED:
+                raise evaluation_failed(
+                    grpc.StatusCode.INTERNAL, "a checkpoint could not be loaded by the evaluator"
+                )
+            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
+        scores = np.asarray(payload, dtype=np.float64)
+        if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
+            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
+        return np.clip(scores, 0.0, 1.0)
+
+    def probe(self, checkpoint_id: str, directory: Path) -> None:
+        """Dry-run a new checkpoint on public probe prompts (upload time, before it is stored).
+
+        Raises INVALID_ARGUMENT / INVALID_CHECKPOINT when the checkpoint cannot be loaded or
+        cannot generate at the evaluation shape; UNAVAILABLE when the worker itself failed.
+        """
+        status, payload = self._call(("probe", checkpoint_id, str(directory)))
+        if status != "ok":
+            what = "could not be loaded" if payload == MODEL_LOAD_FAILED else "could not generate"
+            raise ProtocolError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                errors.INVALID_CHECKPOINT,
+                f"the checkpoint {what} in the owner's dry run on public probe prompts "
+                "(transformers, safetensors, the owner's prompt width and decoding caps); "
+                "check that it loads and generates with transformers locally",
+            )
+
+    def _call(self, request: tuple) -> tuple:
+        """Send one request to the worker and wait for its reply (restarting a dead or hung worker)."""
         with self._lock:
             self._ensure_started()
-            request = (
-                "score",
-                split,
-                [(cid, str(path)) for cid, path in checkpoints],
-                [int(i) for i in indices],
-                decoding.to_json(),
-            )
             try:
                 self._conn.send(request)
                 ready = self._conn.poll(self.timeout_s)
@@ -138,17 +169,7 @@ class WorkerScorer:
                     )
                     + "; it was restarted. Retrying with the same request_id costs no extra privacy budget.",
                 )
-        status, payload = reply
-        if status != "ok":
-            if payload == MODEL_LOAD_FAILED:
-                raise evaluation_failed(
-                    grpc.StatusCode.INTERNAL, "a checkpoint could not be loaded by the evaluator"
-                )
-            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
-        scores = np.asarray(payload, dtype=np.float64)
-        if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
-            raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
-        return np.clip(scores, 0.0, 1.0)
+        return reply
 
     def _stop_process(self) -> None:
         process, conn = self._process, self._conn

@@ -9,13 +9,16 @@ names) and `code` (a gRPC status code name); any other value is replaced by "oth
 not even a bug can put a prompt, answer or exception text into a label. Values are counts,
 durations, byte totals and the epsilon spend, which the trainer is told anyway.
 
+No metric times an Evaluate or a scoring run: how long an evaluation takes is a side
+channel on the secret subsample (docs/PRIVACY.md), so durations are kept for the other
+RPCs only. The endpoint listens on loopback unless the config explicitly allows more.
+
 Served (optionally) with `prometheus_client.start_http_server` on `[metrics] host:port`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +27,9 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 RPC_NAMES = frozenset({"GetInfo", "UploadCheckpoint", "Evaluate", "GetBudget"})
+UNTIMED_RPCS = frozenset({"Evaluate"})  # their duration would time the held-out evaluation
 CODE_NAMES = frozenset(code.name for code in grpc.StatusCode)
 OTHER = "other"
-# Evaluations take from well under a second (tiny model, small subsample) to the 30 min timeout.
-EVALUATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, float("inf"))
 RPC_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 1800, float("inf"))
 
 
@@ -53,13 +55,9 @@ class OwnerMetrics:
             ["rpc", "code"], registry=r,
         )
         self.rpc_seconds = Histogram(
-            "target_owner_rpc_duration_seconds", "Wall time of each RPC, by method.", ["rpc"],
+            "target_owner_rpc_duration_seconds", "Wall time of each RPC, by method (Evaluate is never timed).",
+            ["rpc"],
             buckets=RPC_BUCKETS, registry=r,
-        )
-        self.evaluation_seconds = Histogram(
-            "target_owner_evaluation_duration_seconds",
-            "Wall time of one scoring run in the evaluation worker (all candidates of a query).",
-            buckets=EVALUATION_BUCKETS, registry=r,
         )
         self.evaluations_in_flight = Gauge(
             "target_owner_evaluations_in_flight", "Scoring runs in progress.", registry=r
@@ -92,7 +90,8 @@ class OwnerMetrics:
         """One finished RPC; `code` is a grpc.StatusCode name ("OK" on success)."""
         rpc, code = _rpc_label(rpc), _code_label(code)
         self.requests.labels(rpc=rpc).inc()
-        self.rpc_seconds.labels(rpc=rpc).observe(max(0.0, seconds))
+        if rpc not in UNTIMED_RPCS:
+            self.rpc_seconds.labels(rpc=rpc).observe(max(0.0, seconds))
         if code != "OK":
             self.errors.labels(rpc=rpc, code=code).inc()
 
@@ -101,14 +100,12 @@ class OwnerMetrics:
 
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[None]:
-        """Times one scoring run and counts it as in flight meanwhile."""
-        started = time.monotonic()
+        """Counts one scoring run as in flight meanwhile (never its duration)."""
         self.evaluations_in_flight.inc()
         try:
             yield
         finally:
             self.evaluations_in_flight.dec()
-            self.evaluation_seconds.observe(time.monotonic() - started)
 
     def count_release(self, dp: bool) -> None:
         self.releases.inc()

@@ -72,6 +72,10 @@ def worker_spec(config: OwnerConfig) -> WorkerSpec:
         dtype=evaluation.dtype,
         batch_size=evaluation.batch_size,
         model_cache_size=evaluation.model_cache_size,
+        max_prompt_tokens=evaluation.max_prompt_tokens,
+        max_new_tokens=evaluation.max_new_tokens,
+        max_samples_per_prompt=evaluation.max_samples_per_prompt,
+        task_description=data.task_description,
     )
 
 
@@ -108,11 +112,16 @@ def open_node(
             privacy.accountant,
         )
         budget = PrivacyBudget(privacy, z, ledger)
-    store = CheckpointStore(
-        config.storage.dir, config.storage.max_checkpoint_bytes, config.storage.quota_bytes
-    )
     if scorer is None:
         sizes = {"feedback": facts.heldout_size, "test": facts.test_size}
         scorer = WorkerScorer(worker_spec(config), config.evaluation.timeout_s, sizes)
-    releases = ReleaseService(facts, store, scorer, audit, budget, random_source)
+    store = CheckpointStore(
+        config.storage.dir,
+        config.storage.max_checkpoint_bytes,
+        config.storage.quota_bytes,
+        probe=getattr(scorer, "probe", None),
+    )
+    releases = ReleaseService(
+        facts, store, scorer, audit, budget, random_source, min_response_s=config.evaluation.min_response_s
+    )
     return OwnerNode(config, facts, store, audit, budget, releases, scorer)

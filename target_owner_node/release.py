@@ -15,10 +15,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
-from collections import defaultdict
+import weakref
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,7 +27,7 @@ import numpy as np
 
 from protocol import errors
 from protocol.errors import ProtocolError, invalid
-from protocol.privacy.mechanisms import replay_release
+from protocol.privacy.mechanisms import capped_poisson_mask, replay_release, rows_per_query
 from target_owner_node.audit import AuditLog
 from target_owner_node.budget import Charge, PrivacyBudget, to_record
 from target_owner_node.checkpoint_store import CheckpointStore
@@ -36,6 +37,21 @@ from target_owner_node.heldout import SplitFacts
 from target_owner_node.ledger import LedgerRelease, PendingRelease
 from target_owner_node.logs import log_event
 from target_owner_node.metrics import OwnerMetrics
+
+
+def evaluation_incomplete() -> ProtocolError:
+    """The one error of a charged release whose evaluation did not finish.
+
+    Fixed code, reason and text whatever went wrong (worker crash, timeout, a model error),
+    so that not even the kind of failure can depend on which rows were sampled. The charge
+    stands; a retry with the same request_id re-runs the stored subsample and noise for free.
+    """
+    return ProtocolError(
+        grpc.StatusCode.UNAVAILABLE,
+        errors.EVALUATION_FAILED,
+        "the evaluation did not complete; its charge stands, and a retry with the same request_id "
+        "costs no further privacy budget",
+    )
 
 
 @dataclass(frozen=True)
@@ -62,7 +78,10 @@ class ReleaseService:
     budget: PrivacyBudget | None  # None when privacy is disabled
     random_source: object | None = None  # SecureRandom-like: normal(std, size), bernoulli_mask(n, p)
     metrics: OwnerMetrics = field(default_factory=OwnerMetrics)  # start_server swaps in the served one
-    _request_locks: dict = field(default_factory=lambda: defaultdict(threading.Lock), init=False)
+    min_response_s: float = 0.0  # optional floor on a DP release's wall time (evaluation.min_response_s)
+    # Locks live only while some call holds them (weak values), so refused and finished requests
+    # never pile up in this table.
+    _request_locks: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, init=False)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     # -- public numbers ----------------------------------------------------------------------
@@ -77,21 +96,45 @@ class ReleaseService:
         """Std of the noise on each released accuracy: z / (q N)."""
         return self.budget.noise_multiplier / self.expected_size if self.budget else 0.0
 
+    @property
+    def rows_per_query(self) -> int:
+        """The public number of rows every DP query evaluates (sampled rows + discarded padding)."""
+        if self.budget is None:
+            return self.facts.heldout_size
+        privacy = self.budget.privacy
+        return rows_per_query(self.facts.heldout_size, privacy.sample_rate, privacy.row_cap_tail)
+
     # -- entry point -----------------------------------------------------------------------
     def evaluate(self, client: str, request: EvaluateInputs) -> ReleaseResult:
         if request.split == TEST:
             return self._exact(client, request, TEST)
         if self.budget is None:
             return self._exact(client, request, FEEDBACK)
-        if not request.request_id:
-            return self._dp_release(client, request)
-        with self._lock_for(client, request.request_id):
-            return self._dp_release(client, request)
+        started = time.monotonic()
+        try:
+            if not request.request_id:
+                return self._dp_release(client, request)
+            lock = self._lock_for(client, request.request_id)
+            with lock:
+                return self._dp_release(client, request)
+        finally:
+            self._hold_until(started + self.min_response_s)
 
     def _lock_for(self, client: str, request_id: str) -> threading.Lock:
         # Serialises retries of one request so a concurrent duplicate waits and then replays.
+        # The caller keeps the returned lock alive (a strong reference) while it uses it.
         with self._locks_guard:
-            return self._request_locks[(client, request_id)]
+            lock = self._request_locks.get((client, request_id))
+            if lock is None:
+                lock = threading.Lock()
+                self._request_locks[(client, request_id)] = lock
+            return lock
+
+    @staticmethod
+    def _hold_until(deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
 
     # -- DP feedback -----------------------------------------------------------------------
     def _dp_release(self, client: str, request: EvaluateInputs) -> ReleaseResult:
@@ -131,12 +174,12 @@ class ReleaseService:
         n, rate = self.facts.heldout_size, budget.privacy.sample_rate
         source = self._source()
 
+        cap = self.rows_per_query
+
         def make_pending(charge: Charge) -> PendingRelease:
             # The subsample and the noise are drawn before evaluation and stored with the charge,
             # so a crash-and-retry releases exactly what was paid for.
-            mask = (
-                np.asarray(source.bernoulli_mask(n, rate), dtype=bool) if rate < 1 else np.ones(n, dtype=bool)
-            )
+            mask = capped_poisson_mask(n, rate, cap, source)
             noise = np.asarray(source.normal(budget.noise_multiplier, num_candidates), dtype=np.float64)
             return PendingRelease(
                 release_id=uuid.uuid4().hex,
@@ -190,10 +233,25 @@ class ReleaseService:
         for checkpoint_id in pending.checkpoint_ids:
             if not self.store.exists(checkpoint_id):
                 raise invalid(errors.UNKNOWN_CHECKPOINT, "a checkpoint of this release is no longer stored")
-        indices = np.flatnonzero(pending.mask)
-        scores = self._score(FEEDBACK, pending.checkpoint_ids, indices, pending.decoding)
-        released = replay_release(scores, pending.expected_size, pending.noise_draws)
+        sampled = np.flatnonzero(pending.mask)
+        rows = self._padded_rows(sampled)
+        scores = self._score(FEEDBACK, pending.checkpoint_ids, rows, pending.decoding)
+        released = replay_release(scores[:, : len(sampled)], pending.expected_size, pending.noise_draws)
         return tuple(float(v) for v in np.asarray(released).reshape(-1))
+
+    def _padded_rows(self, sampled: np.ndarray) -> np.ndarray:
+        """The sampled rows first, then random held-out rows up to the public rows_per_query.
+
+        The padding rows are real rows (drawn uniformly, scores discarded), so even work that
+        depends on a row's content (verifying a generation) has the same distribution whatever
+        the subsample size: time reveals neither how many nor which rows were sampled.
+        """
+        missing = self.rows_per_query - len(sampled)
+        if missing <= 0:
+            return sampled
+        generator = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        padding = generator.integers(0, self.facts.heldout_size, size=missing)
+        return np.concatenate([sampled, padding]).astype(np.int64)
 
     # -- exact releases --------------------------------------------------------------------
     def _exact(self, client: str, request: EvaluateInputs, split: str) -> ReleaseResult:
@@ -225,10 +283,14 @@ class ReleaseService:
     def _score(self, split: str, checkpoint_ids, indices: np.ndarray, decoding: dict) -> np.ndarray:
         from target_owner_node.evaluate_request import Decoding
 
-        checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
         started = time.monotonic()
-        with self.metrics.evaluation():
-            scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
+        try:
+            checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
+            with self.metrics.evaluation():
+                scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
+        except Exception as error:  # noqa: BLE001 - one fixed error, whatever failed and on which rows
+            log_event("evaluation_incomplete", split=split, type=type(error).__name__)
+            raise evaluation_incomplete() from None
         log_event(
             "evaluated",
             split=split,

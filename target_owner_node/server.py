@@ -43,6 +43,58 @@ _VERIFIER_KINDS = {
 }
 
 
+@dataclass(frozen=True)
+class Unparseable:
+    """Stands in for a request message whose bytes do not parse (see `lenient_parser`)."""
+
+    message_type: str
+
+
+def lenient_parser(message_class: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises.
+
+    grpc answers a deserializer exception with its own INTERNAL and no ErrorInfo; parsing to
+    `Unparseable` instead lets the servicer refuse the call as INVALID_ARGUMENT with a reason.
+    """
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception:  # noqa: BLE001 - DecodeError and friends: the bytes are not this message
+            return Unparseable(message_class.DESCRIPTOR.full_name)
+
+    return parse
+
+
+def parsed(message: Any) -> Any:
+    """`message`, or INVALID_ARGUMENT when its bytes did not parse."""
+    if isinstance(message, Unparseable):
+        raise ProtocolError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            errors.INVALID_REQUEST,
+            f"the request bytes do not parse as {message.message_type}",
+        )
+    return message
+
+
+def add_servicer(servicer: TargetFeedbackServicer, server: grpc.Server) -> None:
+    """Register the service with lenient request parsing (the generated helper's deserializers raise)."""
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "GetInfo": unary(servicer.GetInfo, lenient_parser(pb.GetInfoRequest), pb.GetInfoResponse.SerializeToString),
+        "UploadCheckpoint": grpc.stream_unary_rpc_method_handler(
+            servicer.UploadCheckpoint,
+            lenient_parser(pb.UploadCheckpointRequest),
+            pb.UploadCheckpointResponse.SerializeToString,
+        ),
+        "Evaluate": unary(servicer.Evaluate, lenient_parser(pb.EvaluateRequest), pb.EvaluateResponse.SerializeToString),
+        "GetBudget": unary(
+            servicer.GetBudget, lenient_parser(pb.GetBudgetRequest), pb.GetBudgetResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
 def _peer_identity(context: grpc.ServicerContext) -> str | None:
     from protocol.tls import peer_identity
 
@@ -113,13 +165,13 @@ class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
 
     # -- methods ---------------------------------------------------------------------------
     def GetInfo(self, request: pb.GetInfoRequest, context: grpc.ServicerContext) -> pb.GetInfoResponse:
-        return self._handle("GetInfo", context, lambda client: info_response(self.node))
+        return self._handle("GetInfo", context, lambda client: info_response(self.node, parsed(request)))
 
     def UploadCheckpoint(
         self, request_iterator, context: grpc.ServicerContext
     ) -> pb.UploadCheckpointResponse:
         def body(client: str) -> pb.UploadCheckpointResponse:
-            result = self.node.store.receive(iter(request_iterator))
+            result = self.node.store.receive(parsed(message) for message in request_iterator)
             manifest = self.node.store.manifest(result.checkpoint_id)
             self.node.audit.append(
                 "upload",
@@ -148,21 +200,24 @@ class TargetFeedbackServicer(pb_grpc.TargetFeedbackServiceServicer):
     def Evaluate(self, request: pb.EvaluateRequest, context: grpc.ServicerContext) -> pb.EvaluateResponse:
         def body(client: str) -> pb.EvaluateResponse:
             inputs = parse_evaluate_request(
-                request,
+                parsed(request),
                 self.config.evaluation,
                 self.node.facts.test_domains is not None,
                 self.node.store.exists,
+                self.node.store.context_length,
             )
             return evaluate_response(self.node.releases.evaluate(client, inputs))
 
         return self._handle("Evaluate", context, body)
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
-        return self._handle("GetBudget", context, lambda client: budget_response(self.node, client))
+        return self._handle(
+            "GetBudget", context, lambda client: budget_response(self.node, client, parsed(request))
+        )
 
 
 # -- responses (plain functions of public state) ---------------------------------------------
-def info_response(node: OwnerNode) -> pb.GetInfoResponse:
+def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> pb.GetInfoResponse:
     config, facts = node.config, node.facts
     privacy = config.privacy
     releases = node.releases
@@ -179,6 +234,8 @@ def info_response(node: OwnerNode) -> pb.GetInfoResponse:
             expected_sample_size=releases.expected_size,
             noise_std=releases.noise_std,
             per_client_epsilon_cap=privacy.per_client_epsilon_cap,
+            rows_per_query=releases.rows_per_query,
+            row_cap_tail=privacy.row_cap_tail,
         )
     evaluation = config.evaluation
     return pb.GetInfoResponse(
@@ -192,6 +249,7 @@ def info_response(node: OwnerNode) -> pb.GetInfoResponse:
             max_new_tokens=evaluation.max_new_tokens,
             max_samples_per_prompt=evaluation.max_samples_per_prompt,
             max_candidates_per_query=evaluation.max_candidates_per_query,
+            max_prompt_tokens=evaluation.max_prompt_tokens,
         ),
         upload_limits=pb.UploadLimits(
             max_checkpoint_bytes=config.storage.max_checkpoint_bytes,
@@ -224,7 +282,9 @@ def evaluate_response(result: ReleaseResult) -> pb.EvaluateResponse:
     )
 
 
-def budget_response(node: OwnerNode, client: str) -> pb.GetBudgetResponse:
+def budget_response(
+    node: OwnerNode, client: str, request: pb.GetBudgetRequest | None = None
+) -> pb.GetBudgetResponse:
     budget = node.budget
     if budget is None:
         return pb.GetBudgetResponse(dp_enabled=False)
@@ -325,7 +385,7 @@ def start_server(
             ],
         )
         servicer = TargetFeedbackServicer(node, metrics)
-        pb_grpc.add_TargetFeedbackServiceServicer_to_server(servicer, server)
+        add_servicer(servicer, server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if config.server.insecure:

@@ -7,10 +7,18 @@ must survive that. The worker gets only what it needs: the data paths and engine
 (`WorkerSpec`). It never sees keys or the ledger, and it reports back only a score array
 or an error KIND (never an exception text, which could quote held-out data).
 
+Every evaluation runs with fixed shapes (`rlvr_core.engines.base.FixedShape`): each prompt
+is left-padded or truncated to the public `max_prompt_tokens`, every batch is full, every row
+decodes exactly max_new_tokens steps. Each row's randomness comes from (seed, the row's
+stable id, sample index). So a row's score depends on nothing but the row itself, and time
+and memory depend on nothing but public sizes (docs/PRIVACY.md, "Side channels").
+
 Protocol over a multiprocessing Pipe (all messages are tuples):
     worker -> server   ("ready", {"heldout_size": N, "test_size": T}) | ("error", kind)
     server -> worker   ("score", split, [(checkpoint_id, dir), ...], [row indices], decoding dict)
     worker -> server   ("ok", ndarray (num_candidates, num_rows)) | ("error", kind)
+    server -> worker   ("probe", checkpoint_id, dir)      a dry run on public probe prompts
+    worker -> server   ("ok", None) | ("error", kind)
     server -> worker   ("stop",)
 """
 
@@ -44,6 +52,23 @@ class WorkerSpec:
     dtype: str
     batch_size: int
     model_cache_size: int
+    max_prompt_tokens: int = 128
+    max_new_tokens: int = 64  # the owner's caps: a dry run exercises the largest shape a query may ask
+    max_samples_per_prompt: int = 8
+    task_description: str = ""
+
+
+# Public text the dry run feeds every new checkpoint: the printable ASCII range, digits,
+# a few non-ASCII scripts and emoji, an empty prompt and one far longer than any prompt
+# width, so that tokenizing, truncating, padding and decoding all run before a charge.
+PROBE_TEXTS: tuple[str, ...] = (
+    "",
+    "".join(chr(c) for c in range(32, 127)),
+    "0123456789 + - * / = ( ) 42",
+    "Ünïcödé – naïve café, Ελληνικά, русский, 数学, العربية, हिन्दी, 🙂🚀✓",
+    "\t tabs\tand\nnew lines\n\n",
+    "How many times does the letter r appear in the text 'a rare berry'? " * 64,
+)
 
 
 class ModelCache:
@@ -82,37 +107,74 @@ def _torch_dtype(name: str, device: str):
     return getattr(torch, name)
 
 
-def score_rows(engine: Any, examples: list, prompt_template: str, decoding: dict[str, Any]) -> np.ndarray:
-    """Mean verifier score over k samples for each example, clamped to [0, 1]. Shape (m,)."""
-    from rlvr_core.engines.base import SamplingParams
-    from rlvr_core.tasks.prompting import render_prompt
-    from rlvr_core.verifiers import score_example
+def evaluation_shape(spec: WorkerSpec, engine: Any, max_new_tokens: int):
+    """The fixed shape of every batch: the public prompt width (cut to the model's context, a
+    public fact of the checkpoint the server checked before charging) and full batches."""
+    from rlvr_core.engines.base import FixedShape
+    from rlvr_core.engines.transformers_engine import max_positions
 
-    if not examples:
-        return np.zeros(0)
-    prompts = [render_prompt(example.prompt, prompt_template) for example in examples]
-    params = SamplingParams(
-        max_new_tokens=int(decoding["max_new_tokens"]),
-        temperature=float(decoding["temperature"]),
-        top_p=1.0,
-        seed=int(decoding["seed"]),
+    width = min(spec.max_prompt_tokens, max_positions(engine.model) - max_new_tokens)
+    return FixedShape(prompt_tokens=width, batch_prompts=spec.batch_size)
+
+
+def score_split(engine: Any, spec: WorkerSpec, split: Split, indices: list[int], decoding: dict) -> np.ndarray:
+    """Scores of the rows `indices` of a split, shape (len(indices),), through the shared scorer."""
+    from rlvr_core.scoring import Decoding, score_rows
+
+    settings = Decoding.from_json(decoding)
+    return score_rows(
+        engine,
+        [split.examples[i] for i in indices],
+        spec.prompt_template,
+        settings,
+        row_keys=[split.keys[i] for i in indices],
+        shape=evaluation_shape(spec, engine, settings.max_new_tokens),
     )
-    # One call for all rows: the engine chunks internally and its random numbers depend only on
-    # (seed, prompts), so every candidate of a query sees identical sampling noise.
-    generations = engine.generate(prompts, int(decoding["samples_per_prompt"]), params)
-    scores = np.zeros(len(examples))
-    for row, (example, samples) in enumerate(zip(examples, generations)):
-        values = [float(score_example(sample.text, example)) for sample in samples]
-        values = [min(1.0, max(0.0, v)) if np.isfinite(v) else 0.0 for v in values]
-        scores[row] = sum(values) / len(values)
-    return scores
+
+
+def dry_run(engine: Any, spec: WorkerSpec) -> None:
+    """Generate for the public probe prompts at the largest shape a query may ask for.
+
+    Raises whatever the checkpoint raises; nothing here touches held-out data, so a refusal
+    at upload reveals nothing, and a checkpoint that passes has run every code path an
+    evaluation runs (tokenize, pad, forward, sample, decode) at the same batch shape.
+    """
+    from rlvr_core.engines.base import SamplingParams
+    from rlvr_core.engines.transformers_engine import max_positions
+    from rlvr_core.tasks.prompting import render_prompt
+
+    max_new_tokens = max(1, min(spec.max_new_tokens, max_positions(engine.model) - 1))
+    prompts = [render_prompt(text, spec.prompt_template) for text in PROBE_TEXTS]
+    prompts += [spec.task_description] if spec.task_description else []
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
+    engine.generate(
+        prompts,
+        spec.max_samples_per_prompt,
+        params,
+        row_keys=list(range(len(prompts))),
+        shape=evaluation_shape(spec, engine, max_new_tokens),
+    )
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's rows and each row's randomness key (from its stable id, never its position)."""
+
+    examples: list
+    keys: list[int]
+
+
+def _load(path: Path, verifier: str) -> Split:
+    from rlvr_core.engines.sampling import row_key
+    from target_owner_node.heldout import load_split
+
+    examples = load_split(path, verifier)
+    return Split(examples, [row_key(example.id) for example in examples])
 
 
 def worker_main(conn: Any, spec: WorkerSpec) -> None:
     """Entry point of the spawned process. Exits when told to stop or when the server is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns shutdown (Ctrl+C hits the group)
-    from target_owner_node.heldout import load_split
-
     if not str(spec.device).startswith("cuda"):
         import torch
 
@@ -121,13 +183,14 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
         torch.set_num_threads(1)
 
     try:
-        splits = {"feedback": load_split(spec.heldout_path, spec.verifier)}
+        splits = {"feedback": _load(spec.heldout_path, spec.verifier)}
         if spec.test_path is not None:
-            splits["test"] = load_split(spec.test_path, spec.verifier)
+            splits["test"] = _load(spec.test_path, spec.verifier)
     except Exception:  # noqa: BLE001 - reported as a kind; the text could quote data
         conn.send(("error", DATA_UNREADABLE))
         return
-    conn.send(("ready", {"heldout_size": len(splits["feedback"]), "test_size": len(splits.get("test", ()))}))
+    test = splits.get("test", Split([], []))
+    conn.send(("ready", {"heldout_size": len(splits["feedback"].examples), "test_size": len(test.examples)}))
     cache = ModelCache(spec)
     while True:
         try:
@@ -136,26 +199,43 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
             return  # the server process is gone
         if message[0] == "stop":
             return
-        _, split, checkpoints, indices, decoding = message
-        examples = [splits[split][i] for i in indices]
-        scores = np.zeros((len(checkpoints), len(examples)))
-        stage = MODEL_LOAD_FAILED
-        try:
-            for position, (checkpoint_id, directory) in enumerate(checkpoints):
-                stage = MODEL_LOAD_FAILED
-                engine = cache.get(checkpoint_id, Path(directory))
-                stage = EVALUATION_FAILED
-                scores[position] = score_rows(engine, examples, spec.prompt_template, decoding)
-        except Exception as error:  # noqa: BLE001 - any failure of untrusted-model code
-            # Only the exception TYPE goes to stderr: its text could quote a prompt or answer.
-            print(
-                f'{{"event": "worker_error", "stage": "{stage}", "type": "{type(error).__name__}"}}',
-                file=sys.stderr,
-            )
-            reply = ("error", stage)
+        if message[0] == "probe":
+            reply = _probe(cache, spec, *message[1:])
         else:
-            reply = ("ok", scores)
+            reply = _score(cache, spec, splits, *message[1:])
         try:
             conn.send(reply)
         except OSError:
             return  # the server process is gone
+
+
+def _probe(cache: ModelCache, spec: WorkerSpec, checkpoint_id: str, directory: str) -> tuple:
+    stage = MODEL_LOAD_FAILED
+    try:
+        engine = cache.get(checkpoint_id, Path(directory))
+        stage = EVALUATION_FAILED
+        dry_run(engine, spec)
+    except Exception as error:  # noqa: BLE001 - any failure of untrusted-model code
+        _report(stage, error)
+        return ("error", stage)
+    return ("ok", None)
+
+
+def _score(cache: ModelCache, spec: WorkerSpec, splits: dict, split: str, checkpoints, indices, decoding) -> tuple:
+    scores = np.zeros((len(checkpoints), len(indices)))
+    stage = MODEL_LOAD_FAILED
+    try:
+        for position, (checkpoint_id, directory) in enumerate(checkpoints):
+            stage = MODEL_LOAD_FAILED
+            engine = cache.get(checkpoint_id, Path(directory))
+            stage = EVALUATION_FAILED
+            scores[position] = score_split(engine, spec, splits[split], indices, decoding)
+    except Exception as error:  # noqa: BLE001 - a failure no single row explains (score_rows confines those)
+        _report(stage, error)
+        return ("error", stage)
+    return ("ok", scores)
+
+
+def _report(stage: str, error: Exception) -> None:
+    # Only the exception TYPE goes to stderr: its text could quote a prompt or answer.
+    print(f'{{"event": "worker_error", "stage": "{stage}", "type": "{type(error).__name__}"}}', file=sys.stderr)

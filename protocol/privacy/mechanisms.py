@@ -110,6 +110,51 @@ def poisson_subsample(num_prompts: int, sample_rate: float, source: NoiseSource)
     return np.flatnonzero(source.bernoulli_mask(num_prompts, sample_rate))
 
 
+def rows_per_query(num_prompts: int, sample_rate: float, tail: float) -> int:
+    """The public number of rows every query evaluates: the smallest M with
+    P(Binomial(N, q) > M) <= tail (M = N when q = 1).
+
+    A query evaluates exactly M rows whatever its secret subsample size m, so its time and
+    memory reveal nothing about m: the m sampled rows plus M - m rows whose scores are
+    discarded. With probability at most `tail`, m > M and a uniformly random M of the
+    sampled rows are kept (`cap_subsample`); that event adds at most `tail` to delta.
+    """
+    from scipy.stats import binom
+
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts!r}")
+    if not (0.0 < sample_rate <= 1.0):
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if not (0.0 < tail < 1.0):
+        raise ValueError(f"tail must be in (0, 1), got {tail!r}")
+    if sample_rate == 1.0:
+        return num_prompts
+    return int(min(num_prompts, max(1, binom.isf(tail, num_prompts, sample_rate))))
+
+
+def cap_subsample(indices: np.ndarray, cap: int, source: NoiseSource) -> np.ndarray:
+    """At most `cap` of `indices`, a uniformly random subset when there are more (sorted).
+
+    The ranking uses iid Gaussian draws from `source` (any continuous iid keys give a
+    uniformly random order), so the owner's secure source decides which rows stay.
+    """
+    indices = np.asarray(indices)
+    if cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cap!r}")
+    if len(indices) <= cap:
+        return indices
+    keys = np.asarray(source.normal(1.0, len(indices)), dtype=np.float64)
+    return np.sort(indices[np.argsort(keys, kind="stable")[:cap]])
+
+
+def capped_poisson_mask(num_prompts: int, sample_rate: float, cap: int, source: NoiseSource) -> np.ndarray:
+    """The subsample one DP query evaluates, as a boolean mask (N,): `poisson_subsample`, then
+    `cap_subsample` to at most `cap` rows. Drawn once per query and stored with its charge."""
+    mask = np.zeros(num_prompts, dtype=bool)
+    mask[cap_subsample(poisson_subsample(num_prompts, sample_rate, source), cap, source)] = True
+    return mask
+
+
 def _check_scores(scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:

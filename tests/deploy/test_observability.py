@@ -65,7 +65,7 @@ def test_metrics_logs_and_health_carry_no_data(tmp_path, data_dir, two_orgs, tin
             scorer.fail_next = RuntimeError(f"verifier crashed on {canary(3)} / {canary(4)}")
             with pytest.raises(FeedbackError) as internal:
                 client.evaluate([checkpoint_id], decoding(), request_id="r2")
-            assert internal.value.code == grpc.StatusCode.INTERNAL
+            assert internal.value.code == grpc.StatusCode.UNAVAILABLE  # the one post-charge error
             assert "CANARY" not in str(internal.value)
             client.evaluate([checkpoint_id], decoding(), request_id="r2")  # resumed: charged once
             with pytest.raises(BudgetExhausted):
@@ -74,13 +74,16 @@ def test_metrics_logs_and_health_carry_no_data(tmp_path, data_dir, two_orgs, tin
 
         text = _scrape(running.metrics_endpoint.port)
         assert _value(text, "target_owner_rpc_requests_total", rpc="Evaluate") == 5
-        assert _value(text, "target_owner_rpc_errors_total", rpc="Evaluate", code="INTERNAL") == 1
+        assert _value(text, "target_owner_rpc_errors_total", rpc="Evaluate", code="UNAVAILABLE") == 1
         assert _value(text, "target_owner_rpc_errors_total", rpc="Evaluate", code="RESOURCE_EXHAUSTED") == 1
         assert _value(text, "target_owner_rpc_requests_total", rpc="UploadCheckpoint") == 1
         assert _value(text, "target_owner_releases_total") == 2
         assert _value(text, "target_owner_dp_releases_total") == 2
         assert _value(text, "target_owner_release_replays_total") == 1
-        assert _value(text, "target_owner_evaluation_duration_seconds_count") == 3  # incl. the failed one
+        # No Evaluate timing is published: durations exist for the other RPCs only.
+        assert "target_owner_evaluation_duration" not in text
+        assert 'target_owner_rpc_duration_seconds_count{rpc="Evaluate"}' not in text
+        assert _value(text, "target_owner_rpc_duration_seconds_count", rpc="UploadCheckpoint") == 1
         assert _value(text, "target_owner_evaluations_in_flight") == 0
         assert _value(text, "target_owner_upload_bytes_total") > 0
         assert _value(text, "target_owner_epsilon_spent") == pytest.approx(budget.epsilon_spent)
@@ -118,7 +121,7 @@ def test_metrics_logs_and_health_carry_no_data(tmp_path, data_dir, two_orgs, tin
     lines = log_stream.getvalue().splitlines()
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
     events = [json.loads(line)["event"] for line in lines]
-    assert "rpc_internal_error" in events and "release_replayed" in events
+    assert "evaluation_incomplete" in events and "release_replayed" in events
     assert "CANARY" not in log_stream.getvalue()
 
 

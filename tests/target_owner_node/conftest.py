@@ -160,10 +160,12 @@ class FakeScorer:
         self.default = default
         self.values: dict[str, float] = {}
         self.calls: list[tuple[str, tuple[str, ...], int]] = []
+        self.rows: list[np.ndarray] = []  # the row indices of each call
         self.fail_next = None
 
     def score(self, split, checkpoints, indices, decoding):
         self.calls.append((split, tuple(cid for cid, _ in checkpoints), len(indices)))
+        self.rows.append(np.asarray(indices))
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error

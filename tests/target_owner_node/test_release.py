@@ -85,25 +85,107 @@ def test_subsampled_release_divides_the_subsample_sum_by_the_public_expected_siz
     node_factory, tiny_checkpoint
 ):
     """q < 1: each release scores a fresh Poisson subsample of size m (secret) and releases
-    clip((score * m + noise) / (q N)); m itself never appears in the response."""
+    clip((score * m + noise) / (q N)); m itself never appears in the response. The scorer
+    always sees the public rows_per_query rows: the m sampled ones first, then padding."""
+    from protocol.privacy.mechanisms import rows_per_query
+
     q, score = 0.2, 0.5
     node = node_factory(privacy={"sample_rate": q, "planned_releases": 100, "epsilon_budget": 3.0})
     cid = _upload(node, tiny_checkpoint)
     values = [node.releases.evaluate("trainer", request([cid])).values[0] for _ in range(4)]
     entries = [e for e in read_jsonl(node.config.storage.dir / LEDGER_FILE) if e["type"] == "pending"]
-    sizes = [call[2] for call in node.scorer.calls]
     masks = [
-        np.unpackbits(np.frombuffer(base64.b64decode(e["mask_b64"]), np.uint8))[:HELDOUT_SIZE]
+        np.unpackbits(np.frombuffer(base64.b64decode(e["mask_b64"]), np.uint8))[:HELDOUT_SIZE].astype(bool)
         for e in entries
     ]
-    assert sizes == [int(m.sum()) for m in masks], "the scorer saw exactly the stored subsample"
+    sizes = [int(m.sum()) for m in masks]
+    rows = rows_per_query(HELDOUT_SIZE, q, node.config.privacy.row_cap_tail)
+    assert node.releases.rows_per_query == rows and rows < HELDOUT_SIZE
+    assert [call[2] for call in node.scorer.calls] == [rows] * 4, "every query evaluates the same public count"
+    for seen, mask in zip(node.scorer.rows, masks):
+        assert list(seen[: mask.sum()]) == list(np.flatnonzero(mask)), "the sampled rows come first"
+        assert ((0 <= seen) & (seen < HELDOUT_SIZE)).all(), "padding rows are real held-out rows"
     assert len({m.tobytes() for m in masks}) == 4, "every release draws a fresh subsample"
     assert all(0 < size < HELDOUT_SIZE for size in sizes)
     for value, size, entry in zip(values, sizes, entries):
         assert entry["expected_size"] == pytest.approx(q * HELDOUT_SIZE)
         expected = np.clip((score * size + entry["noise_draws"][0]) / (q * HELDOUT_SIZE), 0, 1)
-        assert value == pytest.approx(expected)
+        assert value == pytest.approx(expected), "padding scores are discarded"
     assert node.releases.noise_std == pytest.approx(node.noise_multiplier / (q * HELDOUT_SIZE))
+
+
+def test_scorer_work_does_not_depend_on_the_subsample_size(node_factory, tiny_checkpoint):
+    """Whatever the secret subsample size, the scorer is asked for exactly rows_per_query rows."""
+    node = node_factory(privacy={"sample_rate": 0.3, "planned_releases": 100, "epsilon_budget": 8.0})
+    cid = _upload(node, tiny_checkpoint)
+    for _ in range(12):
+        node.releases.evaluate("trainer", request([cid]))
+    masks = [e["mask_b64"] for e in read_jsonl(node.config.storage.dir / LEDGER_FILE) if e["type"] == "pending"]
+    assert len(set(masks)) == 12
+    assert {call[2] for call in node.scorer.calls} == {node.releases.rows_per_query}
+
+
+def test_a_subsample_above_the_cap_is_cut_to_a_random_subset_of_the_public_size():
+    from protocol.privacy.mechanisms import cap_subsample, capped_poisson_mask, rows_per_query
+
+    source = SeededRandom(3)
+    kept = cap_subsample(np.arange(50), 10, source)
+    assert len(kept) == 10 and len(set(kept.tolist())) == 10 and list(kept) == sorted(kept)
+    assert list(cap_subsample(np.arange(5), 10, source)) == list(range(5))
+    mask = capped_poisson_mask(100, 0.9, 20, source)
+    assert mask.sum() == 20
+    assert rows_per_query(100, 1.0, 1e-10) == 100
+    # P(Binomial(2000, 0.1) > M) <= tail, and M - 1 would not do.
+    from scipy.stats import binom
+
+    m = rows_per_query(2000, 0.1, 1e-10)
+    assert binom.sf(m, 2000, 0.1) <= 1e-10 < binom.sf(m - 1, 2000, 0.1)
+
+
+def test_every_post_charge_failure_is_one_fixed_error_and_the_charge_stays(node_factory, tiny_checkpoint):
+    """A failure no row explains (worker crash, timeout, model error) gives one fixed error: the
+    kind of failure must not depend on the rows. The charge stays; a retry costs nothing."""
+    node = node_factory()
+    cid = _upload(node, tiny_checkpoint)
+    messages = set()
+    for i, failure in enumerate(
+        [ValueError("x"), RuntimeError("y"), ProtocolError(grpc.StatusCode.INTERNAL, "EVALUATION_FAILED", "z")]
+    ):
+        node.scorer.fail_next = failure
+        spent = node.budget.spent()
+        with pytest.raises(ProtocolError) as caught:
+            node.releases.evaluate("trainer", request([cid], f"fail-{i}"))
+        assert node.budget.spent() > spent, "the charge stands"
+        messages.add((caught.value.code, caught.value.reason, caught.value.message))
+        spent = node.budget.spent()
+        node.releases.evaluate("trainer", request([cid], f"fail-{i}"))  # the retry replays for free
+        assert node.budget.spent() == spent
+        if node.budget.remaining() < 0.35:
+            break
+    assert len(messages) == 1
+    ((code, reason, _),) = messages
+    assert code == grpc.StatusCode.UNAVAILABLE and reason == errors.EVALUATION_FAILED
+
+
+def test_min_response_s_holds_a_dp_reply(node_factory, tiny_checkpoint):
+    import time
+
+    node = node_factory(evaluation={"min_response_s": 0.4})
+    cid = _upload(node, tiny_checkpoint)
+    started = time.monotonic()
+    node.releases.evaluate("trainer", request([cid]))
+    assert time.monotonic() - started >= 0.4
+
+
+def test_request_lock_table_does_not_grow(node_factory, tiny_checkpoint):
+    import gc
+
+    node = node_factory()
+    cid = _upload(node, tiny_checkpoint)
+    for i in range(8):
+        node.releases.evaluate("trainer", request([cid], f"req-{i}"))
+    gc.collect()
+    assert len(node.releases._request_locks) == 0
 
 
 def test_idempotent_retry_returns_the_recorded_release(node_factory, tiny_checkpoint):

@@ -25,6 +25,7 @@ from target_owner_node.server import start_server
 
 from .conftest import (
     HELDOUT_SIZE,
+    SERVICE,
     TEST_SIZE,
     FakeScorer,
     RecordingClient,
@@ -189,13 +190,60 @@ def test_no_canary_reaches_the_client_on_any_rpc(server, client, tiny_checkpoint
     assert "CANARY" not in (server.node.config.storage.dir / "audit.jsonl").read_text()
 
 
-def test_unexpected_error_is_generic_internal(server, client, tiny_checkpoint):
+def test_unexpected_error_is_generic_internal(server, client, tiny_checkpoint, monkeypatch):
+    monkeypatch.setattr(server.node.store, "context_length", lambda cid: 1 / 0)
     checkpoint_id = client.upload_dir(tiny_checkpoint).checkpoint_id
-    server.node.scorer.fail_next = ValueError(canary("A", 7))
     with pytest.raises(grpc.RpcError) as caught:
         client.evaluate([checkpoint_id])
     assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert caught.value.details() == "internal error on the target owner's node"
+
+
+def test_a_failed_evaluation_is_the_one_fixed_error_without_data(server, client, tiny_checkpoint):
+    checkpoint_id = client.upload_dir(tiny_checkpoint).checkpoint_id
+    server.node.scorer.fail_next = ValueError(canary("A", 7))
+    with pytest.raises(grpc.RpcError) as caught:
+        client.evaluate([checkpoint_id])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(caught.value).reason == errors.EVALUATION_FAILED
+    assert "CANARY" not in caught.value.details()
+
+
+def test_requests_that_could_never_be_evaluated_are_refused_before_any_charge(server, client, tiny_checkpoint):
+    """Charge-then-fail: a seed the engines refuse, or more new tokens than the model's context
+    leaves room for, is INVALID_ARGUMENT and the ledger is unchanged."""
+    checkpoint_id = client.upload_dir(tiny_checkpoint).checkpoint_id
+    ledger = server.node.config.storage.dir / "privacy_ledger.jsonl"
+    before = ledger.read_bytes() if ledger.exists() else b""
+    spent = client.budget().epsilon_spent
+    for decoding in ({"seed": 2**63}, {"seed": 2**64 - 1}):
+        with pytest.raises(grpc.RpcError) as caught:
+            client.evaluate([checkpoint_id], **decoding)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "decoding.seed" in caught.value.details()
+    server.node.store.context_length = lambda cid: 4  # a model with 4 positions: no room after 4 tokens
+    with pytest.raises(grpc.RpcError) as caught:
+        client.evaluate([checkpoint_id], max_new_tokens=4)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_new_tokens" in caught.value.details()
+    assert client.budget().epsilon_spent == spent
+    assert (ledger.read_bytes() if ledger.exists() else b"") == before
+
+
+def test_unparseable_requests_are_invalid_argument_with_a_reason(server, client):
+    for method in ("GetInfo", "Evaluate", "GetBudget"):
+        stub = client.channel.unary_unary(SERVICE + method, request_serializer=lambda raw: raw,
+                                          response_deserializer=lambda raw: raw)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub(b"\xff\xff\xff\xff", timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        assert error_info(caught.value).reason == errors.INVALID_REQUEST
+    upload = client.channel.stream_unary(SERVICE + "UploadCheckpoint", request_serializer=lambda raw: raw,
+                                         response_deserializer=lambda raw: raw)
+    with pytest.raises(grpc.RpcError) as caught:
+        upload(iter([b"\x0a\xff\xff"]), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason == errors.INVALID_REQUEST
 
 
 # -- budget over the wire ---------------------------------------------------------------------
