@@ -7,13 +7,13 @@ mode on the testbed's test split.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from rlvr_core.engines.base import GenerationEngine, SamplingParams
+from rlvr_core.engines.base import GenerationEngine
+from rlvr_core.engines.sampling import row_key
+from rlvr_core.scoring import Decoding, ScoreFn, score_rows
 from rlvr_core.tasks.example import Example
-
-ScoreFn = Callable[[str, Example], float]
 
 
 def local_accuracy(
@@ -30,22 +30,19 @@ def local_accuracy(
 ) -> dict[str, Any]:
     """Mean verifier score over `samples` generations per example (greedy by default).
 
-    Returns {"accuracy": overall mean, "per_domain": {domain: mean}, "n": examples, "samples": k}.
+    Scored by `rlvr_core.scoring.score_rows` (the owner's scorer), each row keyed by its id,
+    so a row's score does not depend on the chunking. Returns {"accuracy": overall mean,
+    "per_domain": {domain: mean}, "n": examples, "samples": k}.
     """
-    from rlvr_core.tasks.prompting import render_prompt
-
-    if score is None:
-        from rlvr_core.verifiers import score_example as score
     if not examples:
         return {"accuracy": float("nan"), "per_domain": {}, "n": 0, "samples": samples}
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=seed)
+    decoding = Decoding(max_new_tokens=max_new_tokens, samples_per_prompt=samples, temperature=temperature, seed=seed)
     totals: dict[str, list[float]] = defaultdict(list)
     overall: list[float] = []
     for start in range(0, len(examples), chunk_size):
         chunk = list(examples[start : start + chunk_size])
-        outputs = engine.generate([render_prompt(e.prompt, template) for e in chunk], samples, params)
-        for example, generations in zip(chunk, outputs):
-            value = sum(float(score(g.text, example)) for g in generations) / len(generations)
+        scores = score_rows(engine, chunk, template, decoding, [row_key(e.id) for e in chunk], score_fn=score)
+        for example, value in zip(chunk, scores.tolist()):
             overall.append(value)
             totals[example.domain or "default"].append(value)
     return {

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -15,11 +17,61 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class FixedShape:
+    """A public, data-independent shape for every forward pass (used by the target owner).
+
+    Every prompt is left-truncated or left-padded to exactly `prompt_tokens` tokens, every
+    batch holds exactly `batch_prompts` prompts (with all their samples; the last batch is
+    filled with dummy rows whose outputs are dropped), and decoding runs all max_new_tokens
+    steps. So time and memory depend only on (number of prompts, shape, public params), and a
+    row's computation does not depend on its batch-mates.
+    """
+
+    prompt_tokens: int
+    batch_prompts: int
+
+    def __post_init__(self) -> None:
+        for field_name in ("prompt_tokens", "batch_prompts"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"shape.{field_name} must be an int >= 1, got {value!r}")
+
+    def check_fits(self, max_new_tokens: int, context_length: int) -> None:
+        """Raise ValueError when prompt_tokens + max_new_tokens exceeds the model's context.
+
+        Public inputs only, so the owner can run it before charging a request.
+        """
+        if self.prompt_tokens + max_new_tokens > context_length:
+            raise ValueError(
+                f"shape.prompt_tokens ({self.prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"model's {context_length} positions; lower one of them"
+            )
+
+
+def context_length(config: Any) -> int:
+    """Context length (prompt + completion) of a model config: an object or a config.json dict."""
+    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+    value = get("max_position_embeddings") or get("n_positions")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("model config has no valid max_position_embeddings / n_positions")
+    return value
+
+
+@dataclass(frozen=True)
 class Generation:
-    text: str                    # decoded completion, special tokens stripped
-    prompt_ids: tuple[int, ...]  # token ids of the rendered prompt
+    """One completion. A prompt the engine could not encode (it tokenizes to nothing, the
+    tokenizer fails on it, or an id lies outside the embedding) gives `num_samples`
+    generations with empty prompt_ids and completion_ids and text "": see `encoded`."""
+
+    text: str                    # decoded completion, special tokens stripped ("" if decoding failed)
+    prompt_ids: tuple[int, ...]  # token ids of the rendered prompt, as fed (after truncation)
     completion_ids: tuple[int, ...]  # generated ids, including EOS when it was produced
     finished: bool               # True when EOS was produced before max_new_tokens
+
+    @property
+    def encoded(self) -> bool:
+        """False for the placeholder of a prompt that could not be encoded (score it 0)."""
+        return bool(self.prompt_ids)
 
 
 class GenerationEngine(ABC):
@@ -28,11 +80,21 @@ class GenerationEngine(ABC):
     name: str = ""
 
     @abstractmethod
-    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> list[list[Generation]]:
+    def generate(
+        self,
+        prompts: list[str],
+        num_samples: int,
+        params: SamplingParams,
+        row_keys: Sequence[int] | None = None,
+        shape: FixedShape | None = None,
+    ) -> list[list[Generation]]:
         """Return, for each prompt, `num_samples` generations (shape: [len(prompts)][num_samples]).
 
-        Results depend only on (weights, prompts, num_samples, params): the same seed gives the
-        same generations, so candidates evaluated with one seed are paired.
+        Row r's random numbers depend only on (params.seed, row_keys[r], sample index)
+        (`sampling.row_seed`); `row_keys=None` uses positional keys 0..n-1. The same seed gives
+        the same generations, so candidates evaluated with one seed are paired. With `shape`,
+        every forward pass has that fixed shape (see FixedShape). A prompt that cannot be
+        encoded never raises: it gets placeholder generations (Generation.encoded is False).
         """
 
     def sync_weights(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from rlvr_core.engines.base import GenerationEngine, SamplingParams
+from rlvr_core.engines.base import FixedShape, GenerationEngine, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,19 @@ class ThroughputReport:
 
 
 def measure_throughput(
-    engine: GenerationEngine, prompts: list[str], num_samples: int, params: SamplingParams
+    engine: GenerationEngine,
+    prompts: list[str],
+    num_samples: int,
+    params: SamplingParams,
+    shape: FixedShape | None = None,
 ) -> ThroughputReport:
-    """Time one `engine.generate` call (wall clock) and count what it produced."""
+    """Time one `engine.generate` call (wall clock) and count what it produced.
+
+    generated_tokens counts the kept completion ids (cut after EOS); with a FixedShape the
+    engine computes all max_new_tokens steps whatever was kept.
+    """
     started = time.perf_counter()
-    generations = engine.generate(prompts, num_samples, params)
+    generations = engine.generate(prompts, num_samples, params, shape=shape)
     seconds = time.perf_counter() - started
     samples = sum(len(group) for group in generations)
     tokens = sum(len(g.completion_ids) for group in generations for g in group)

@@ -1,43 +1,52 @@
 """Batched generation with a plain transformers model and our own decoding loop.
 
 Why not model.generate: it samples from the global torch RNG, so results would depend on
-whatever else ran before. Here every random number comes from `sampling.py` (seeded by
-params.seed), so results depend only on (weights, prompts, num_samples, params), and
-evaluating two checkpoints with one seed is a paired comparison.
+whatever else ran before. Here every random number comes from `sampling.py`, drawn per row
+from (params.seed, row key), so results depend only on (weights, prompt, row key,
+num_samples, params), and evaluating two checkpoints with one seed is a paired comparison.
 
-How a batch is run:
-- prompts are tokenized without special tokens; a prompt longer than
-  `max_position_embeddings - max_new_tokens` tokens is truncated FROM THE LEFT (its end,
-  where the question and "Answer:" are, is kept); Generation.prompt_ids are the kept ids;
-- prompts are sorted by length and grouped so a chunk holds about `batch_size` sequences
-  (always all samples of a prompt); each chunk is left-padded and prefilled once per prompt,
-  then the KV cache is repeated `num_samples` times, so the prompt is encoded once;
-- decoding feeds one token per step with explicit position ids (left padding shifts them)
-  and stops per row at EOS, and for the chunk once every row has finished.
+How prompts are encoded: one at a time, without special tokens, left-truncated (the end,
+where the question and "Answer:" are, is kept) to `max_position_embeddings - max_new_tokens`
+tokens, or to `shape.prompt_tokens` with a FixedShape. A prompt that tokenizes to nothing,
+makes the tokenizer fail, or yields an id outside the embedding is not an error: it gets
+placeholder generations (Generation.encoded is False) and, with a FixedShape, still occupies
+a slot (a dummy row), so the work done does not depend on it.
+
+How a batch is run: prompts are left-padded, prefilled once, then the KV cache is repeated
+`num_samples` times (rows are prompt-major: row = prompt * S + sample); decoding feeds one
+token per step with explicit position ids (left padding shifts them). Two batching modes:
+- dynamic (no shape; trainer rollouts, which need speed): prompts sorted by length, chunks of
+  about `batch_size` sequences padded to the chunk's longest prompt, early stop once every
+  row has produced EOS;
+- fixed (`shape`; the owner, which needs invariance): prompts in the given order, exactly
+  `shape.batch_prompts` per batch (the last one filled with dummy rows), every prompt padded
+  to exactly `shape.prompt_tokens`, and all max_new_tokens steps decoded (finished rows keep
+  emitting pad). Time and memory then depend only on (number of prompts, shape, params), and
+  a row's floats do not depend on its batch-mates: tests/rlvr_core/test_engines_fixed_shape.py
+  checks that adding or removing one prompt leaves every other row's ids identical.
 
 Throughput: `rlvr_core.engines.throughput.measure_throughput` times any engine;
-`tools/bench_engine.py` reports it for the default tiny policy.
+`tools/bench_engine.py --shape-cost` compares the two modes.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr_core.engines.base import Generation, GenerationEngine, SamplingParams
-from rlvr_core.engines.sampling import sampling_uniforms, select_tokens, validate_params
+from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams, context_length
+from rlvr_core.engines.sampling import resolve_row_keys, row_uniforms, select_tokens, validate_params
 from rlvr_core.models.threads import torch_threads
+
+Batch = list[int | None]  # prompt indices of one forward pass; None is a dummy slot
 
 
 def max_positions(model: PreTrainedModel) -> int:
     """Context length of the model (prompt + completion)."""
-    config = model.config
-    value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if not value:
-        raise ValueError("model config has no max_position_embeddings / n_positions")
-    return int(value)
+    return context_length(model.config)
 
 
 class TransformersEngine(GenerationEngine):
@@ -54,20 +63,29 @@ class TransformersEngine(GenerationEngine):
         num_threads: int | None = None,
     ) -> None:
         """`num_threads` (CPU): torch threads while generating, restored afterwards; None keeps
-        the process setting. 1 is much faster for tiny models on a busy small box."""
+        the process setting. 1 is much faster for tiny models on a busy small box.
+        `batch_size` (sequences per chunk) applies to dynamic batching only."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
+        # Ids the engine feeds itself (pads, dummy rows, sampled tokens) must index the
+        # embedding, whatever the tokenizer claims: an out-of-range id would raise mid-batch.
+        self.embedding_rows = int(model.get_input_embeddings().num_embeddings)
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
+        for field_name, value in (("eos_token_id", self.eos_id), ("pad_token_id", self.pad_id)):
+            if not 0 <= value < self.embedding_rows:
+                raise ValueError(
+                    f"tokenizer {field_name} {value} is outside the model's {self.embedding_rows} embedding rows"
+                )
         # transformers 5 renamed the forward argument `past_key_values` to `cache`.
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
@@ -78,66 +96,122 @@ class TransformersEngine(GenerationEngine):
     def sync_weights(self) -> None:
         """No-op: the engine generates with the trainer's live model object."""
 
-    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> list[list[Generation]]:
+    def generate(
+        self,
+        prompts: list[str],
+        num_samples: int,
+        params: SamplingParams,
+        row_keys: Sequence[int] | None = None,
+        shape: FixedShape | None = None,
+    ) -> list[list[Generation]]:
         validate_params(params, num_samples)
+        keys = resolve_row_keys(row_keys, len(prompts))
+        room = self._prompt_room(params.max_new_tokens, shape)
         if not prompts:
             return []
-        prompt_ids = self._encode_prompts(prompts, params.max_new_tokens)
-        uniforms = sampling_uniforms(params.seed, len(prompts), num_samples, params.max_new_tokens)
-        order = sorted(range(len(prompts)), key=lambda index: (-len(prompt_ids[index]), index))
-        per_chunk = max(1, self.batch_size // num_samples)
-        results: list[list[Generation]] = [[] for _ in prompts]
+        prompt_ids = [self._encode(prompt, room) for prompt in prompts]
+        uniforms = [row_uniforms(params.seed, key, num_samples, params.max_new_tokens) for key in keys]
+        if shape is None:
+            batches = self._dynamic_batches(prompt_ids, num_samples)
+        else:
+            batches = _fixed_batches(len(prompts), shape.batch_prompts)
+        placeholder = Generation("", (), (), False)
+        results: list[list[Generation]] = [[placeholder] * num_samples if not ids else [] for ids in prompt_ids]
+        dummy_ids = (self.eos_id,)
+        dummy_uniforms = torch.zeros((num_samples, params.max_new_tokens), dtype=torch.float64)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode(), torch_threads(self.num_threads):
-                for start in range(0, len(order), per_chunk):
-                    chunk = order[start : start + per_chunk]
-                    completions = self._generate_chunk(
-                        [prompt_ids[index] for index in chunk], num_samples, params, uniforms[chunk]
+                for batch in batches:
+                    # Dummy slots and unencodable prompts run as a one-token row; outputs dropped.
+                    ids = [prompt_ids[i] if i is not None and prompt_ids[i] else dummy_ids for i in batch]
+                    width = shape.prompt_tokens if shape is not None else max(len(row) for row in ids)
+                    batch_uniforms = torch.stack(
+                        [uniforms[i] if i is not None else dummy_uniforms for i in batch]
                     )
-                    texts = self.tokenizer.batch_decode(
-                        [ids for ids, _ in completions], skip_special_tokens=True
+                    completions = self._generate_batch(
+                        ids, width, num_samples, params, batch_uniforms, stop_early=shape is None
                     )
-                    for row, ((ids, finished), text) in enumerate(zip(completions, texts)):
-                        index = chunk[row // num_samples]
-                        results[index].append(
-                            Generation(text, tuple(prompt_ids[index]), tuple(ids), finished)
-                        )
+                    texts = self._decode([completion for completion, _ in completions])
+                    for row, ((completion, finished), text) in enumerate(zip(completions, texts)):
+                        index = batch[row // num_samples]
+                        if index is None or not prompt_ids[index]:
+                            continue
+                        results[index].append(Generation(text, prompt_ids[index], tuple(completion), finished))
         finally:
             self.model.train(was_training)
         return results
 
-    def _encode_prompts(self, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-        room = max_positions(self.model) - max_new_tokens
+    def _prompt_room(self, max_new_tokens: int, shape: FixedShape | None) -> int:
+        """How many prompt tokens are kept; raises ValueError naming the field that does not fit."""
+        positions = max_positions(self.model)
+        if shape is not None:
+            shape.check_fits(max_new_tokens, positions)
+            return shape.prompt_tokens
+        room = positions - max_new_tokens
         if room < 1:
             raise ValueError(
                 f"params.max_new_tokens ({max_new_tokens}) leaves no room for a prompt in "
-                f"the model's {max_positions(self.model)} positions"
+                f"the model's {positions} positions"
             )
-        encoded = self.tokenizer(list(prompts), add_special_tokens=False, verbose=False)["input_ids"]
-        for index, ids in enumerate(encoded):
-            if not ids:  # the index only: prompt text must never appear in errors
-                raise ValueError(f"prompt at index {index} is empty")
-        return [ids[-room:] for ids in encoded]
+        return room
+
+    def _encode(self, prompt: str, room: int) -> tuple[int, ...]:
+        """The kept ids of one prompt, or () when it cannot be encoded (never raises)."""
+        try:
+            ids = self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+            ids = [int(token) for token in ids]
+        except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
+            return ()
+        if not all(0 <= token < self.embedding_rows for token in ids):
+            return ()
+        return tuple(ids[-room:]) if ids else ()
+
+    def _decode(self, completions: list[list[int]]) -> list[str]:
+        """Texts of the completions; a row the tokenizer cannot decode gets "" (never raises)."""
+        try:
+            return list(self.tokenizer.batch_decode(completions, skip_special_tokens=True))
+        except Exception:  # noqa: BLE001 - find the failing rows; the others keep their text
+            texts = []
+            for ids in completions:
+                try:
+                    texts.append(str(self.tokenizer.decode(ids, skip_special_tokens=True)))
+                except Exception:  # noqa: BLE001
+                    texts.append("")
+            return texts
+
+    def _dynamic_batches(self, prompt_ids: list[tuple[int, ...]], num_samples: int) -> list[Batch]:
+        """Encodable prompts sorted by length (less padding), about batch_size sequences a chunk."""
+        order = sorted((i for i, ids in enumerate(prompt_ids) if ids), key=lambda i: (-len(prompt_ids[i]), i))
+        per_chunk = max(1, self.batch_size // num_samples)
+        return [list(order[start : start + per_chunk]) for start in range(0, len(order), per_chunk)]
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One model call; returns last-position logits (R, V)."""
+        """One model call; returns last-position logits (R, V) over ids the embedding accepts."""
         kwargs = {self._cache_kwarg: cache, "use_cache": True}
         if self._can_keep_last_logits:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
-        return out.logits[:, -1, :]
+        return out.logits[:, -1, : self.embedding_rows]
 
-    def _generate_chunk(
-        self, chunk_ids: list[list[int]], num_samples: int, params: SamplingParams, uniforms: torch.Tensor
+    def _generate_batch(
+        self,
+        batch_ids: list[tuple[int, ...]],
+        width: int,
+        num_samples: int,
+        params: SamplingParams,
+        uniforms: torch.Tensor,
+        stop_early: bool,
     ) -> list[tuple[list[int], bool]]:
-        """Generate for a chunk of prompts; rows are prompt-major: row = prompt * S + sample."""
+        """Generate for one batch of prompts (each at most `width` ids); uniforms (P, S, T).
+
+        Returns one (ids cut after EOS, finished) per row, prompt-major: row = prompt * S + sample.
+        """
         device = self.device
-        width = max(len(ids) for ids in chunk_ids)
-        input_ids = torch.full((len(chunk_ids), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(chunk_ids), width), dtype=torch.long)
-        for row, ids in enumerate(chunk_ids):  # left padding
+        input_ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch_ids), width), dtype=torch.long)
+        for row, ids in enumerate(batch_ids):  # left padding
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -160,13 +234,22 @@ class TransformersEngine(GenerationEngine):
             tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
             steps.append(tokens)
             finished |= tokens == self.eos_id
-            if bool(finished.all()) or step == params.max_new_tokens - 1:
+            if step == params.max_new_tokens - 1 or (stop_early and bool(finished.all())):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=-1)
             logits = self._forward(tokens[:, None], attention_mask, next_position, cache)
             next_position = next_position + 1
         generated = torch.stack(steps, dim=1).tolist()  # (R, steps)
         return [_cut_at_eos(ids, self.eos_id) for ids in generated]
+
+
+def _fixed_batches(num_prompts: int, batch_prompts: int) -> list[Batch]:
+    """Prompts in order, exactly batch_prompts per batch; the last batch filled with dummies."""
+    batches: list[Batch] = []
+    for start in range(0, num_prompts, batch_prompts):
+        batch: Batch = list(range(start, min(start + batch_prompts, num_prompts)))
+        batches.append(batch + [None] * (batch_prompts - len(batch)))
+    return batches
 
 
 def _cut_at_eos(ids: list[int], eos_id: int) -> tuple[list[int], bool]:

@@ -10,11 +10,21 @@ Design:
   directory the live model was loaded from), with load_format="safetensors" and
   trust_remote_code=False, like rlvr_core.models.load_policy. The directory is checked with
   check_model_dir first.
-- Prompts go in as token ids, left-truncated exactly like TransformersEngine.
-- Randomness: each prompt gets its own SamplingParams.seed derived from (params.seed, prompt
-  index), so results depend on (weights, prompts, num_samples, params) and two checkpoints
-  evaluated with one seed draw the same per-request random streams. vLLM's sampler is not
+- Prompts go in as token ids, encoded and left-truncated exactly like TransformersEngine.
+- Randomness: each prompt's request gets its own SamplingParams.seed,
+  `sampling.row_seed(params.seed, row key)` (positional keys when row_keys is None), the same
+  rule as TransformersEngine: a row's stream depends only on (seed, row key), and two
+  checkpoints evaluated with one seed draw the same per-request streams. vLLM's sampler is not
   the one in sampling.py, so samples differ from TransformersEngine's for the same seed.
+- A prompt that cannot be encoded (empty, tokenizer failure, id outside the vocabulary) gets
+  placeholder generations (Generation.encoded False), as in TransformersEngine; with a
+  FixedShape its request is replaced by a one-token dummy so the work does not depend on it.
+- With a FixedShape, prompts are left-truncated to shape.prompt_tokens, requests are padded
+  with dummies to a multiple of shape.batch_prompts, and every request decodes all
+  max_new_tokens (ignore_eos, min_tokens); ids are cut after the first EOS here. vLLM has no
+  fixed padded batches: its continuous batching and kernels do NOT make a row's floats
+  independent of its batch-mates, so exact add-one-row invariance is not guaranteed with
+  this engine (use "transformers" for DP evaluation, or check vLLM's batch-invariant mode).
 - sync_weights() pushes the trainer's live parameters into vLLM's in-process model after each
   optimizer step, as TRL's colocate mode does
   (`llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)`), then
@@ -25,15 +35,15 @@ Design:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlvr_core.engines.base import Generation, GenerationEngine, SamplingParams
-from rlvr_core.engines.sampling import validate_params
+from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams
+from rlvr_core.engines.sampling import resolve_row_keys, row_seed, validate_params
 from rlvr_core.engines.transformers_engine import max_positions
 from rlvr_core.models.loading import check_model_dir
 
@@ -46,12 +56,6 @@ VLLM_MISSING_MESSAGE = (
 def vllm_available() -> bool:
     """True when the vllm package can be imported (checked without importing it)."""
     return importlib.util.find_spec("vllm") is not None
-
-
-def request_seed(seed: int, prompt_index: int) -> int:
-    """Per-prompt vLLM seed: a hash of (seed, index), so prompts get independent streams."""
-    digest = hashlib.sha256(f"{seed}:{prompt_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1  # non-negative int64
 
 
 class VLLMEngine(GenerationEngine):
@@ -83,6 +87,7 @@ class VLLMEngine(GenerationEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = int(tokenizer.eos_token_id)
+        self.vocab_rows = int(model.get_input_embeddings().num_embeddings)
         self.llm = vllm.LLM(
             model=str(path.resolve()),
             tokenizer=str(path.resolve()),
@@ -95,42 +100,81 @@ class VLLMEngine(GenerationEngine):
             **llm_options,
         )
 
-    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> list[list[Generation]]:
+    def generate(
+        self,
+        prompts: list[str],
+        num_samples: int,
+        params: SamplingParams,
+        row_keys: Sequence[int] | None = None,
+        shape: FixedShape | None = None,
+    ) -> list[list[Generation]]:
         validate_params(params, num_samples)
+        keys = resolve_row_keys(row_keys, len(prompts))
+        positions = max_positions(self.model)
+        if shape is not None:
+            shape.check_fits(params.max_new_tokens, positions)
+            room = shape.prompt_tokens
+        else:
+            room = positions - params.max_new_tokens
+            if room < 1:
+                raise ValueError(f"params.max_new_tokens ({params.max_new_tokens}) leaves no room for a prompt")
         if not prompts:
             return []
-        room = max_positions(self.model) - params.max_new_tokens
-        if room < 1:
-            raise ValueError(f"params.max_new_tokens ({params.max_new_tokens}) leaves no room for a prompt")
-        encoded = self.tokenizer(list(prompts), add_special_tokens=False, verbose=False)["input_ids"]
-        for index, ids in enumerate(encoded):
-            if not ids:
-                raise ValueError(f"prompt at index {index} is empty")
-        prompt_ids = [ids[-room:] for ids in encoded]
-        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        sampling = [
-            self._vllm.SamplingParams(
-                n=num_samples,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                max_tokens=params.max_new_tokens,
-                seed=request_seed(params.seed, index),
-                skip_special_tokens=True,
-            )
-            for index in range(len(prompts))
-        ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        prompt_ids = [self._encode(prompt, room) for prompt in prompts]
+        slots = [(ids, key) for ids, key in zip(prompt_ids, keys) if ids or shape is not None]
+        if shape is not None:  # dummies: a fixed number of requests, whatever the data
+            slots += [((), 0)] * (-len(slots) % shape.batch_prompts)
+        requests = [{"prompt_token_ids": list(ids or (self.eos_id,))} for ids, _ in slots]
+        sampling = [self._request_params(num_samples, params, row_seed(params.seed, key), shape) for _, key in slots]
+        outputs = iter(self.llm.generate(requests, sampling, use_tqdm=False))
+        placeholder = Generation("", (), (), False)
         results = []
-        for ids, output in zip(prompt_ids, outputs):
-            group = []
-            for completion in output.outputs:
-                completion_ids = list(completion.token_ids)
-                finished = completion.finish_reason == "stop"
-                if finished and (not completion_ids or completion_ids[-1] != self.eos_id):
-                    completion_ids.append(self.eos_id)  # the interface counts EOS as generated
-                group.append(Generation(completion.text, tuple(ids), tuple(completion_ids), finished))
-            results.append(group)
+        for ids in prompt_ids:  # outputs come in request order: skip the dummies
+            if not ids:
+                if shape is not None:
+                    next(outputs)
+                results.append([placeholder] * num_samples)
+                continue
+            results.append([self._generation(ids, completion, shape) for completion in next(outputs).outputs])
         return results
+
+    def _encode(self, prompt: str, room: int) -> tuple[int, ...]:
+        """The kept ids of one prompt, or () when it cannot be encoded (never raises)."""
+        try:
+            ids = [int(token) for token in self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]]
+        except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
+            return ()
+        if not all(0 <= token < self.vocab_rows for token in ids):
+            return ()
+        return tuple(ids[-room:]) if ids else ()
+
+    def _request_params(self, num_samples: int, params: SamplingParams, seed: int, shape: FixedShape | None) -> Any:
+        fixed = {"ignore_eos": True, "min_tokens": params.max_new_tokens} if shape is not None else {}
+        return self._vllm.SamplingParams(
+            n=num_samples,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            seed=seed,
+            skip_special_tokens=True,
+            **fixed,
+        )
+
+    def _generation(self, prompt_ids: tuple[int, ...], completion: Any, shape: FixedShape | None) -> Generation:
+        completion_ids = list(completion.token_ids)
+        if shape is not None:  # decoded past EOS (ignore_eos): cut as the interface says
+            finished = self.eos_id in completion_ids
+            if finished:
+                completion_ids = completion_ids[: completion_ids.index(self.eos_id) + 1]
+            try:
+                text = str(self.tokenizer.decode(completion_ids, skip_special_tokens=True))
+            except Exception:  # noqa: BLE001 - a decoding failure is confined to its row
+                text = ""
+            return Generation(text, prompt_ids, tuple(completion_ids), finished)
+        finished = completion.finish_reason == "stop"
+        if finished and (not completion_ids or completion_ids[-1] != self.eos_id):
+            completion_ids.append(self.eos_id)  # the interface counts EOS as generated
+        return Generation(completion.text, prompt_ids, tuple(completion_ids), finished)
 
     def sync_weights(self) -> None:
         """Push the live model's parameters into vLLM (TRL colocate path), then drop stale KV."""

@@ -38,6 +38,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return random_tiny_policy(tmp_path_factory.mktemp("engine") / "model", TEXTS, seed=5, max_position=48)
 
 
+
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> TransformersEngine:
     model, tokenizer = load_policy(model_dir)
@@ -160,10 +161,44 @@ def test_invalid_engine_options_name_the_option(engine: TransformersEngine, opti
         TransformersEngine(engine.model, engine.tokenizer, **{option: value})
 
 
-def test_empty_prompt_error_names_index_not_content(engine: TransformersEngine) -> None:
-    with pytest.raises(ValueError, match="index 1") as error:
-        engine.generate(["secret question 42", ""], 1, GREEDY)
-    assert "secret" not in str(error.value)
+def test_empty_prompt_gets_placeholders_and_leaves_the_others_alone(engine: TransformersEngine) -> None:
+    """An empty prompt is not an error (its occurrence could depend on which rows were drawn)."""
+    keys = [5, 6, 7]
+    results = engine.generate([PROMPTS[0], "", PROMPTS[3]], 2, SAMPLED, row_keys=keys)
+    assert results[1] == [Generation("", (), (), False)] * 2 and not results[1][0].encoded
+    assert _ids([results[0], results[2]]) == _ids(engine.generate([PROMPTS[0], PROMPTS[3]], 2, SAMPLED, [5, 7]))
+    assert engine.generate([""], 1, GREEDY) == [[Generation("", (), (), False)]]
+
+
+def test_row_keys_make_rows_independent_of_their_neighbours(engine: TransformersEngine) -> None:
+    """With explicit keys, a row's samples do not depend on the other prompts or their order."""
+    keys = [101, 102, 103, 104]
+    together = _ids(engine.generate(PROMPTS, 3, SAMPLED, row_keys=keys))
+    for index, prompt in enumerate(PROMPTS):
+        assert _ids(engine.generate([prompt], 3, SAMPLED, row_keys=[keys[index]])) == [together[index]]
+    reordered = _ids(engine.generate(PROMPTS[::-1], 3, SAMPLED, row_keys=keys[::-1]))
+    assert reordered == together[::-1]
+
+
+def test_positional_keys_are_the_default(engine: TransformersEngine) -> None:
+    assert _ids(engine.generate(PROMPTS, 3, SAMPLED)) == _ids(engine.generate(PROMPTS, 3, SAMPLED, [0, 1, 2, 3]))
+
+
+@pytest.mark.parametrize("keys", [[1, 2, 3], [1, 2, 3, -1], [1, 2, 3, 2**63], [1, 2, 3, True], [1, 2, 3, "4"]])
+def test_bad_row_keys_name_the_argument(engine: TransformersEngine, keys) -> None:
+    with pytest.raises(ValueError, match=r"row_keys"):
+        engine.generate(PROMPTS, 1, GREEDY, row_keys=keys)
+
+
+def test_tokenizer_ids_outside_the_embedding_are_refused(model_dir: Path) -> None:
+    """The engine feeds pad ids itself: one past the embedding would fail every batch."""
+    model, tokenizer = load_policy(model_dir)
+    rows = model.get_input_embeddings().num_embeddings
+    tokenizer.pad_token = None
+    tokenizer.add_special_tokens({"pad_token": "<|bogus-pad|>"})  # id past the embedding
+    assert tokenizer.pad_token_id >= rows
+    with pytest.raises(ValueError, match="pad_token_id"):
+        TransformersEngine(model, tokenizer)
 
 
 def test_select_tokens_samples_the_distribution() -> None:

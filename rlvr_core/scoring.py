@@ -1,0 +1,131 @@
+"""Score examples with an engine: the one scorer both parties use.
+
+The owner scores its secret subsample with it (target_owner_node/worker.py), the trainer its
+own examples (trainer_node/evaluation.py `local_accuracy`). A row's score is the mean verifier
+score over its `samples_per_prompt` generations, clamped to [0, 1].
+
+Why failures are confined to rows: on the owner, an error whose occurrence depends on which
+rows were sampled would be a noise-free release (issue 11, hole 1). So anything that goes
+wrong with ONE row (rendering, encoding, decoding, verifying, a NaN) scores that row 0, is
+never raised and never logged with content. What cannot be confined to a row, an exception
+in the batched forward pass, propagates: the caller turns it into one fixed error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from rlvr_core.engines.base import FixedShape, GenerationEngine, SamplingParams
+from rlvr_core.engines.row_seeds import MAX_SEED
+from rlvr_core.tasks.example import Example
+
+ScoreFn = Callable[[str, Example], float]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How each row is decoded (public request parameters). top_p is always 1."""
+
+    max_new_tokens: int
+    samples_per_prompt: int
+    temperature: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "samples_per_prompt", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"decoding.{name} must be an int, got {type(value).__name__}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"decoding.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"decoding.samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
+        if not 0 <= self.seed < MAX_SEED:
+            raise ValueError(f"decoding.seed must be in [0, 2**63), got {self.seed}")
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise TypeError(f"decoding.temperature must be a number, got {type(temperature).__name__}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"decoding.temperature must be finite and >= 0 (0 = greedy), got {temperature}")
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=float(self.temperature), top_p=1.0, seed=self.seed
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Decoding:
+        """Build from a dict with exactly the four fields; errors (ValueError, TypeError) name the field."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"decoding must be an object, got {type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in data]
+        unknown = sorted(str(key) for key in data if key not in names)
+        if missing or unknown:
+            raise ValueError(f"decoding needs exactly the fields {', '.join(names)}; "
+                             f"missing: {', '.join(missing) or '-'}; unknown: {', '.join(unknown) or '-'}")
+        return cls(**{name: data[name] for name in names})
+
+
+def score_rows(
+    engine: GenerationEngine,
+    examples: Sequence[Example],
+    prompt_template: str,
+    decoding: Decoding,
+    row_keys: Sequence[int],
+    shape: FixedShape | None = None,
+    *,
+    score_fn: ScoreFn | None = None,
+) -> np.ndarray:
+    """Scores in [0, 1], shape (len(examples),), one generate call for all rows.
+
+    `row_keys[r]` (see `rlvr_core.engines.sampling.row_key`) seeds row r's randomness, so a
+    row's score never depends on which other rows are scored. `shape` (the owner) fixes every
+    forward pass's shape. `score_fn` defaults to `rlvr_core.verifiers.score_example`.
+    Raises only for wrong arguments (ValueError naming the field) and for failures of the
+    batched forward pass.
+    """
+    from rlvr_core.tasks.prompting import render_prompt
+
+    if score_fn is None:
+        from rlvr_core.verifiers import score_example as score_fn
+    if len(row_keys) != len(examples):
+        raise ValueError(f"row_keys has {len(row_keys)} entries for {len(examples)} examples; pass one per example")
+    if not examples:
+        return np.zeros(0)
+    prompts = [_render_or_empty(render_prompt, example, prompt_template) for example in examples]
+    generations = engine.generate(
+        prompts, decoding.samples_per_prompt, decoding.sampling_params(), row_keys=row_keys, shape=shape
+    )
+    scores = np.zeros(len(examples))
+    for row, (example, samples) in enumerate(zip(examples, generations)):
+        scores[row] = _row_score(samples, example, score_fn)
+    return scores
+
+
+def _render_or_empty(render: Callable[[str, str], str], example: Example, template: str) -> str:
+    """The rendered prompt, or "" (the engine's placeholder row, scored 0) if rendering fails."""
+    try:
+        return str(render(example.prompt, template))
+    except Exception:  # noqa: BLE001 - one row's failure must not fail the others
+        return ""
+
+
+def _row_score(samples: Sequence[Any], example: Example, score_fn: ScoreFn) -> float:
+    """Mean clamped score of one row's samples; 0 for a placeholder row or any failure."""
+    try:
+        if not samples or not all(sample.encoded for sample in samples):
+            return 0.0
+        values = [float(score_fn(sample.text, example)) for sample in samples]
+        values = [min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0 for value in values]
+        return sum(values) / len(values)
+    except Exception:  # noqa: BLE001 - never raised, never logged: the text could quote data
+        return 0.0
