@@ -7,31 +7,19 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from protocol import errors
 from protocol.errors import invalid
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from rlvr_core.engines.row_seeds import MAX_SEED
+from rlvr_core.scoring import Decoding
 from target_owner_node.config import EvaluationConfig
 
 FEEDBACK = "feedback"
 TEST = "test"
 MAX_TEMPERATURE = 10.0
-MAX_SEED = 2**63  # the engines derive per-row generators from a 63-bit seed
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """Decoding settings shared by every candidate of one query (same seed: paired results)."""
-
-    max_new_tokens: int
-    samples_per_prompt: int
-    temperature: float
-    seed: int
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,7 @@ class ReleaseService:
         try:
             checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
             with self.metrics.evaluation():
-                scores = self.scorer.score(split, checkpoints, indices, Decoding(**decoding))
+                scores = self.scorer.score(split, checkpoints, indices, Decoding.from_json(decoding))
         except Exception as error:  # noqa: BLE001 - one fixed error, whatever failed and on which rows
             log_event("evaluation_incomplete", split=split, type=type(error).__name__)
             raise evaluation_incomplete() from None

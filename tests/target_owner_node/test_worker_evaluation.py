@@ -67,3 +67,47 @@ def test_real_evaluation_is_paired_and_leaks_nothing(worker_server, two_checkpoi
     finally:
         client.close()
     assert_no_canary(client.received)
+
+
+def test_a_checkpoint_that_cannot_load_is_refused_at_upload_by_the_dry_run(worker_server, pki, tiny_checkpoint,
+                                                                          tmp_path):
+    """Static checks pass (valid files, allowlisted keys) but the weights do not fit the config:
+    the dry run on public probe prompts refuses it at upload, so no evaluation can fail later
+    (after a charge) for a reason knowable now. Nothing is stored."""
+    import json
+
+    import grpc
+
+    from protocol import errors
+    from protocol.errors import reason_of
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] = config["intermediate_size"] * 2  # the MLP weights no longer fit
+    (broken / "config.json").write_text(json.dumps(config))
+    stored = sorted(p.name for p in (worker_server.node.config.storage.dir / "checkpoints").iterdir())
+    client = RecordingClient(worker_server.port, pki)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            client.upload_dir(broken)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(refused.value) == errors.INVALID_CHECKPOINT
+        assert "dry run" in refused.value.details()
+        assert_no_canary(client.received)
+    finally:
+        client.close()
+    assert sorted(p.name for p in (worker_server.node.config.storage.dir / "checkpoints").iterdir()) == stored
+
+
+def test_info_publishes_the_fixed_shape_parameters(worker_server, pki):
+    """GetInfo declares the public prompt width and rows per query (q = 1 here: all N rows)."""
+    assert worker_server.node.releases.rows_per_query == worker_server.node.facts.heldout_size
+    info_client = RecordingClient(worker_server.port, pki)
+    try:
+        info = info_client.info()
+    finally:
+        info_client.close()
+    assert info.privacy.rows_per_query == worker_server.node.facts.heldout_size
+    assert info.decoding_limits.max_prompt_tokens == worker_server.node.config.evaluation.max_prompt_tokens
+    assert 0 < info.privacy.row_cap_tail < 1
