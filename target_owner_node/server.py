@@ -203,6 +203,7 @@ def info_response(node: OwnerNode) -> pb.GetInfoResponse:
         prompt_template=config.data.prompt_template,
         test_split_enabled=facts.test_domains is not None,
         test_size=facts.test_size,
+        test_domains=list(facts.declared_test_domains),
     )
 
 
