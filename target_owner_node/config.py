@@ -322,25 +322,27 @@ class StorageConfig(_Section):
         default=64 << 30, description="Most bytes of checkpoint blobs the node will store."
     )
 
-    _marker_defaulted: bool = PrivateAttr(default=True)
+    _default_marker: Path | None = PrivateAttr(default=None)
     _paths = field_validator("dir", "state_marker", mode="after")(_resolve)
 
     @model_validator(mode="wrap")
     @classmethod
     def _default_marker_next_to_config(cls, data: Any, handler, info: ValidationInfo) -> StorageConfig:
-        defaulted = isinstance(data, dict) and data.get("state_marker") is None
-        base = (info.context or {}).get("base_dir")
-        if defaulted and base is not None:
-            data = {**data, "state_marker": str(Path(base) / STATE_MARKER_NAME)}
         config = handler(data)
-        config._marker_defaulted = defaulted
+        if config.state_marker is None:
+            # Next to the config file, unless that folder lies inside dir (e.g. dir = "."): then beside dir.
+            base = (info.context or {}).get("base_dir")
+            marker = Path(base) / STATE_MARKER_NAME if base is not None else None
+            if marker is None or _is_inside(marker, config.dir):
+                marker = config.dir.parent / STATE_MARKER_NAME
+            config._default_marker = marker
         return config
 
     @model_validator(mode="after")
     def _marker_outside_dir(self) -> StorageConfig:
-        if self.state_marker_path.resolve().is_relative_to(self.dir.resolve()):
+        if self.state_marker is not None and _is_inside(self.state_marker, self.dir):
             raise ValueError(
-                f"state_marker ({self.state_marker_path}) must lie outside storage.dir ({self.dir}): it records "
+                f"state_marker ({self.state_marker}) must lie outside storage.dir ({self.dir}): it records "
                 f"that dir spent budget, so it must survive losing dir"
             )
         return self
@@ -348,11 +350,13 @@ class StorageConfig(_Section):
     @property
     def state_marker_explicit(self) -> bool:
         """Whether the config names the marker (then a marker that cannot be written stops the node)."""
-        return not self._marker_defaulted
+        return self.state_marker is not None
 
     @property
     def state_marker_path(self) -> Path:
-        return self.state_marker if self.state_marker is not None else self.dir.parent / STATE_MARKER_NAME
+        if self.state_marker is not None:
+            return self.state_marker
+        return self._default_marker or self.dir.parent / STATE_MARKER_NAME
 
     @field_validator("max_checkpoint_bytes", "quota_bytes")
     @classmethod
@@ -403,6 +407,10 @@ class OwnerConfig(_Section):
                 "[tls] section is required (ca_cert, server_cert, server_key) unless server.insecure = true"
             )
         return self
+
+
+def _is_inside(path: Path, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
 def split_address(address: str) -> tuple[str, int]:

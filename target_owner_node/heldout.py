@@ -89,4 +89,5 @@ def split_facts(
                         f"data.test_domains; declare every domain the test split uses (they are published by "
                         f"GetInfo), or fix that row's domain"
                     )
-    return SplitFacts(len(heldout), test_domains, tuple(declared_domains or ()))
+    declared = tuple(declared_domains or ()) if test_domains is not None else ()  # published only when served
+    return SplitFacts(len(heldout), test_domains, declared)

@@ -107,3 +107,8 @@ def test_test_split_is_off_unless_switched_on(tmp_path):
     enabled = MINIMAL.replace("[data]", "[data]\ntest_split_enabled = true")
     with pytest.raises(ConfigError, match=r"data: test_split_enabled = true requires data\.test_path"):
         load_config(_write(tmp_path, enabled))
+
+
+def test_state_marker_default_moves_beside_a_storage_dir_that_holds_the_config(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL.replace('dir = "storage"', 'dir = "."')))
+    assert config.storage.state_marker_path == tmp_path.parent / ".target-owner-node-state.json"

@@ -135,7 +135,7 @@ def _info_and_test_split(node_dir, tiny_checkpoint):
 def test_init_writes_the_test_split_off(init_nodes, tiny_checkpoint):
     config, info, outcome = _info_and_test_split(init_nodes / "default", tiny_checkpoint)
     assert config.data.test_split_enabled is False and config.data.test_path.is_file()
-    assert not info.test_split_enabled and info.test_size == 0
+    assert not info.test_split_enabled and info.test_size == 0 and not info.test_domains
     assert outcome == (grpc.StatusCode.INVALID_ARGUMENT, errors.TEST_SPLIT_DISABLED)
 
 
