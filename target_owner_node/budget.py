@@ -8,9 +8,9 @@ z / sqrt(k). Users see a constant noise std per released accuracy; comparing mor
 candidates in one query costs more epsilon (about k single releases under RDP), never less.
 
 `charge` holds one lock across "would this exceed the budget?" and the durable writes, so
-concurrent clients cannot together overspend. Under that lock, in this order: the state
-marker (first charge of a storage folder only), the ledger's pending entry, then the audit
-entry "release_charged" (public facts only). A crash can therefore leave at most the last
+concurrent clients cannot together overspend. Under that lock, in this order: the ledger's
+pending entry, the audit entry "release_charged" (public facts only), then the state marker
+(first charge of a storage folder only). A crash can therefore leave at most the last
 ledger charge unaudited, which is what the start-up cross-check (`ledger_audit`) allows.
 """
 
@@ -31,7 +31,8 @@ from target_owner_node.audit import AuditLog
 from target_owner_node.config import PrivacyConfig
 from target_owner_node.ledger import DpEventRecord, Ledger, PendingRelease
 from target_owner_node.ledger_audit import CHARGE_EVENT, charge_fields
-from target_owner_node.state_marker import StateMarker
+from target_owner_node.logs import log_event
+from target_owner_node.state_marker import StateMarker, StateMarkerError
 
 # Accountants return floats computed by numerical optimisation; a release calibrated to land
 # exactly on the budget must not be refused for a rounding error.
@@ -115,9 +116,9 @@ class PrivacyBudget:
         """Refuse (RESOURCE_EXHAUSTED) or durably charge one release.
 
         `make_pending` builds the ledger entry from the computed charge; it is written and
-        fsynced, then audited, before the accountants are updated and before this returns.
-        Nothing is spent when this raises before the ledger write (budget, marker); a failed
-        audit write after it leaves the charge standing (it is audited at the next start).
+        fsynced before the accountants are updated, and audited before this returns. Nothing
+        is spent when this raises before the ledger write (the budget checks); a failed audit
+        write after it leaves the charge standing (it is audited at the next start).
         """
         delta = self.privacy.delta
         with self.lock:
@@ -152,15 +153,24 @@ class PrivacyBudget:
                     },
                 )
             pending = make_pending(Charge(before, after, client_after))
-            if self.marker is not None:
-                self.marker.record_first_charge()  # outside storage: survives losing the folder
             self.ledger.append_pending(pending)  # durable before anything else happens
             self._compose(client, event)
             self._spent, self._client_spent[client] = after, client_after
             self._remaining_estimate = None
             if self.audit is not None:
                 self.audit.append(CHARGE_EVENT, **charge_fields(pending))
+            if self.marker is not None:
+                self._record_marker()
             return pending
+
+    def _record_marker(self) -> None:
+        """The first charge of this storage folder, recorded outside it. A failure here must not fail
+        the release (the charge is made): it is retried at the next charge and at the next start."""
+        try:
+            self.marker.record_first_charge()
+        except (OSError, StateMarkerError) as error:
+            log_event("state_marker_write_failed", level="warning", path=str(self.marker.path),
+                      type=type(error).__name__)
 
     def _compose(self, client: str, event: SampledGaussianEvent) -> None:
         self._total.compose(event)

@@ -27,6 +27,7 @@ from target_owner_node.ledger_audit import (
     REBUILD_COMMAND,
     VERIFY_COMMAND,
     AuditRecordError,
+    Consistency,
     check_consistency,
     repair_last_charge,
 )
@@ -112,12 +113,6 @@ def open_node(
             f"privacy.delta: must be below 1 / held-out size = {1.0 / facts.heldout_size:.3g}; got {privacy.delta:g}. "
             f"A delta that large allows releasing a whole row; use e.g. 1e-6."
         )
-    marker = StateMarker(config.storage.state_marker_path, config.storage.dir)
-    if privacy.enabled:
-        try:  # before anything is created in the storage folder
-            refuse_if_storage_lost(marker, ledger_path(config), audit_path(config))
-        except StateMarkerError as error:
-            raise NodeStartupError(str(error)) from None
     config.storage.dir.mkdir(parents=True, exist_ok=True)
     try:
         audit = AuditLog(audit_path(config))
@@ -129,7 +124,14 @@ def open_node(
             ledger = Ledger(ledger_path(config))
         except LedgerCorruptError as error:
             raise NodeStartupError(str(error)) from None
-        _check_ledger_against_audit(config, ledger, audit)
+        consistency = _check_ledger_against_audit(config, ledger, audit)
+        marker = StateMarker(config.storage.state_marker_path, config.storage.dir)
+        try:
+            refuse_if_storage_lost(
+                marker, ledger.path, audit.path, consistency.ledger_charges + consistency.audit_charges
+            )
+        except StateMarkerError as error:
+            raise NodeStartupError(str(error)) from None
         charges = ledger.releases()
         usable_marker = _usable_marker(config, marker, charges[0].pending.time if charges else None)
         z = derived_noise_multiplier(
@@ -150,7 +152,7 @@ def open_node(
     return OwnerNode(config, facts, store, audit, budget, releases, scorer)
 
 
-def _check_ledger_against_audit(config: OwnerConfig, ledger: Ledger, audit: AuditLog) -> None:
+def _check_ledger_against_audit(config: OwnerConfig, ledger: Ledger, audit: AuditLog) -> Consistency:
     """Refuse to start unless both files hold the same charges; repair the one allowed gap."""
     shown = config.config_path or "CONFIG"
     try:
@@ -168,6 +170,7 @@ def _check_ledger_against_audit(config: OwnerConfig, ledger: Ledger, audit: Audi
     if consistency.missing_last is not None:
         repair_last_charge(consistency, audit)
         log_event("audit_charge_recovered", release_id=consistency.missing_last.release_id)
+    return consistency
 
 
 def _usable_marker(config: OwnerConfig, marker: StateMarker, first_charge: float | None) -> StateMarker | None:

@@ -3,10 +3,12 @@
 The ledger and the audit log share one storage folder, so they can be lost together (a wiped
 volume, a wrong mount, `rm -r storage`). Checking one against the other cannot see that:
 two missing files agree. The marker (by default `<config folder>/.target-owner-node-state.json`,
-setting `storage.state_marker`) is written durably before the first charge of a storage
-folder, with that folder's path and the time. A start that finds the marker's record but
-neither file refuses: restore the folder from backup, or delete the marker to start a fresh
-budget knowingly. Losing the folder AND the marker is out of scope (the operator's backups).
+setting `storage.state_marker`) is written durably at the first charge of a storage folder
+(after its ledger and audit entries, so a crash never leaves a marker for a charge that was
+not made; a start that finds ledger charges but no record adds it), with that folder's path
+and the time. A start that finds the marker's record but no charge in either file refuses:
+restore the folder from backup, or delete the marker to start a fresh budget knowingly.
+Losing the folder AND the marker is out of scope (the operator's backups).
 
 File format (JSON): {"format": FORMAT, "storage": {"<absolute folder>": {"first_charge_time": t}}}.
 One marker may record several storage folders (several configs in one folder).
@@ -83,15 +85,17 @@ class StateMarker:
         self._recorded = True
 
 
-def refuse_if_storage_lost(marker: StateMarker, ledger_path: Path, audit_path: Path) -> None:
-    """Raise StateMarkerError when the marker says budget was spent but both files are gone."""
+def refuse_if_storage_lost(marker: StateMarker, ledger_path: Path, audit_path: Path, charges_found: int) -> None:
+    """Raise StateMarkerError when the marker says budget was spent but neither the ledger nor the
+    audit log (`charges_found` counts both) records a charge: deleted, emptied or truncated."""
     first = marker.first_charge_time()
-    if first is None or ledger_path.exists() or audit_path.exists():
+    if first is None or charges_found:
         return
     when = datetime.datetime.fromtimestamp(first, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     raise StateMarkerError(
         f"the state marker {marker.path} records that storage folder {marker.key} spent privacy budget "
-        f"(first charge {when}), but that folder now holds neither {ledger_path.name} nor {audit_path.name}. "
-        f"Refusing to start with a fresh budget. Restore the storage folder from a backup; or, only to knowingly "
-        f"start a fresh budget (the old spend is then forgotten), delete {marker.path} and start again."
+        f"(first charge {when}), but neither {ledger_path.name} nor {audit_path.name} there records any "
+        f"charge (missing or emptied). Refusing to start with a fresh budget. Restore the storage folder "
+        f"from a backup; or, only to knowingly start a fresh budget (the old spend is then forgotten), "
+        f"delete {marker.path} and start again."
     )

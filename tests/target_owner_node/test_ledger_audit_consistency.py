@@ -276,6 +276,23 @@ def test_marker_is_written_at_the_first_charge_outside_storage(owner):
     assert record[0] == str(owner.storage.resolve()) and record[1]["first_charge_time"] > 0
 
 
+def test_a_failed_marker_write_does_not_fail_the_release(owner, monkeypatch):
+    from target_owner_node.state_marker import StateMarker
+
+    def disk_full(self, when=None):
+        raise OSError("no space left")
+
+    monkeypatch.setattr(StateMarker, "record_first_charge", disk_full)
+    node = owner.open()
+    cid = owner.upload(node)
+    result = node.releases.evaluate("trainer", request([cid]))
+    assert [e["release_id"] for e in owner.charges()] == [result.release_id] and not owner.marker.exists()
+    monkeypatch.undo()
+    node.close()
+    owner.open()  # the next start records the folder
+    assert owner.marker.exists()
+
+
 def test_both_files_deleted_with_the_marker_present_is_refused(owner):
     _two_releases(owner)
     owner.ledger.unlink()
@@ -287,6 +304,14 @@ def test_both_files_deleted_with_the_marker_present_is_refused(owner):
     assert "delete" in message and not owner.ledger.exists() and not owner.audit.exists()
     owner.marker.unlink()  # the operator knowingly starts a fresh budget
     assert owner.open().budget.spent() == 0.0
+
+
+def test_both_files_emptied_with_the_marker_present_is_refused(owner):
+    _two_releases(owner)
+    owner.ledger.write_bytes(b"")
+    owner.audit.write_bytes(b"")  # an empty log is a valid chain
+    with pytest.raises(NodeStartupError, match="nor audit.jsonl there records any charge"):
+        owner.open()
 
 
 def test_fresh_folder_without_a_marker_starts(owner):
