@@ -5,7 +5,7 @@ the held-out set is smaller than data.min_heldout_size; a test row's domain is n
 in data.test_domains; privacy.delta is not below 1 / held-out size; the privacy ledger is
 corrupt; the audit chain is broken; the ledger and the audit log disagree about the charges
 (`ledger_audit`; the one allowed gap, the last charge unaudited after a crash, is repaired);
-the state marker says the storage folder spent budget but holds neither file
+the state marker says the storage folder spent budget but neither file records a charge
 (`state_marker`). The noise multiplier is calibrated here, from the config's privacy targets.
 """
 
