@@ -7,6 +7,10 @@ or reordering any line breaks the chain from that line on, which `verify_chain` 
 The log records who asked for what and what aggregate left the node (time, client
 identity, checkpoint digests, decoding settings, split, epsilon, released accuracies). It
 never records prompts, answers, generations or per-example scores. It stays on the owner.
+
+Every DP charge is recorded twice, in the privacy ledger and here ("release_charged", public
+facts only: never the secret subsample or noise), so that each file can be checked against
+the other at start and a lost ledger can be rebuilt from this log (see `ledger_audit`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,16 @@ def verify_chain(path: str | Path) -> tuple[bool, int, int | None]:
             prev = entry["hash"]
             count += 1
     return True, count, None
+
+
+def read_entries(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Every entry of a verified log, in order (verify first: this does not check hashes)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for raw in handle:
+            yield json.loads(raw)
 
 
 class AuditLog:

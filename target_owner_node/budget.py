@@ -7,8 +7,11 @@ sqrt(k), so it is charged as ONE sampled-Gaussian event with effective multiplie
 z / sqrt(k). Users see a constant noise std per released accuracy; comparing more
 candidates in one query costs more epsilon (about k single releases under RDP), never less.
 
-`charge` holds one lock across "would this exceed the budget?" and the durable ledger
-write, so concurrent clients cannot together overspend.
+`charge` holds one lock across "would this exceed the budget?" and the durable writes, so
+concurrent clients cannot together overspend. Under that lock, in this order: the ledger's
+pending entry, the audit entry "release_charged" (public facts only), then the state marker
+(first charge of a storage folder only). A crash can therefore leave at most the last
+ledger charge unaudited, which is what the start-up cross-check (`ledger_audit`) allows.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from protocol.errors import ProtocolError
 from protocol.privacy.accountants import build_accountant, releases_remaining
 from protocol.privacy.events import SampledGaussianEvent
 from protocol.privacy.mechanisms import effective_noise_multiplier
+from target_owner_node.audit import AuditLog
 from target_owner_node.config import PrivacyConfig
 from target_owner_node.ledger import DpEventRecord, Ledger, PendingRelease
+from target_owner_node.ledger_audit import CHARGE_EVENT, charge_fields
+from target_owner_node.logs import log_event
+from target_owner_node.state_marker import StateMarker, StateMarkerError
 
 # Accountants return floats computed by numerical optimisation; a release calibrated to land
 # exactly on the budget must not be refused for a rounding error.
@@ -44,10 +51,19 @@ class Charge:
 class PrivacyBudget:
     """Global and per-client composition for the feedback split."""
 
-    def __init__(self, privacy: PrivacyConfig, noise_multiplier: float, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        privacy: PrivacyConfig,
+        noise_multiplier: float,
+        ledger: Ledger,
+        audit: AuditLog | None = None,
+        marker: StateMarker | None = None,
+    ) -> None:
         self.privacy = privacy
         self.noise_multiplier = noise_multiplier
         self.ledger = ledger
+        self.audit = audit  # None only in unit tests of the accounting itself
+        self.marker = marker  # None when the marker cannot be written (open_node warned)
         self.lock = threading.RLock()
         self._total = build_accountant(privacy.accountant)
         self._clients: dict[str, object] = {}
@@ -100,8 +116,9 @@ class PrivacyBudget:
         """Refuse (RESOURCE_EXHAUSTED) or durably charge one release.
 
         `make_pending` builds the ledger entry from the computed charge; it is written and
-        fsynced before the accountants are updated and before this returns. Nothing is spent
-        when this raises.
+        fsynced before the accountants are updated, and audited before this returns. Nothing
+        is spent when this raises before the ledger write (the budget checks); a failed audit
+        write after it leaves the charge standing (it is audited at the next start).
         """
         delta = self.privacy.delta
         with self.lock:
@@ -140,7 +157,20 @@ class PrivacyBudget:
             self._compose(client, event)
             self._spent, self._client_spent[client] = after, client_after
             self._remaining_estimate = None
+            if self.audit is not None:
+                self.audit.append(CHARGE_EVENT, **charge_fields(pending))
+            if self.marker is not None:
+                self._record_marker()
             return pending
+
+    def _record_marker(self) -> None:
+        """The first charge of this storage folder, recorded outside it. A failure here must not fail
+        the release (the charge is made): it is retried at the next charge and at the next start."""
+        try:
+            self.marker.record_first_charge()
+        except (OSError, StateMarkerError) as error:
+            log_event("state_marker_write_failed", level="warning", path=str(self.marker.path),
+                      type=type(error).__name__)
 
     def _compose(self, client: str, event: SampledGaussianEvent) -> None:
         self._total.compose(event)

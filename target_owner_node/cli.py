@@ -3,6 +3,8 @@
 target-owner-node init DIR                 # config, certificates, held-out + test data
 target-owner-node serve --config DIR/config.toml
 target-owner-node audit verify --config DIR/config.toml
+target-owner-node ledger verify|rebuild --config DIR/config.toml
+target-owner-node launch --heldout F --port P --workdir DIR --ca F --cert F --key F   # for the suite
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ Typical first run:
   target-owner-node serve --config mynode/config.toml
   # give the trainer mynode/pki/ca.pem + its client certificate and key
   target-owner-node audit verify --config mynode/config.toml
+
+If the privacy ledger is lost, the node refuses to start; rebuild it from the audit log:
+  target-owner-node ledger verify  --config mynode/config.toml
+  target-owner-node ledger rebuild --config mynode/config.toml
+"""
+
+LAUNCH_DESCRIPTION = """Serve one held-out file on one port, in the foreground, exactly like `serve`: the owner's
+implementation of the conformance suite's --launch-cmd contract (the suite fills in the
+held-out file and the port, and brings its own PKI), e.g.
+
+  feedback-protocol conformance ... --launch-cmd \
+    "target-owner-node launch --heldout {heldout} --port {port} --workdir W --ca CA --cert C --key K"
+
+Writes DIR/config.toml from these options (rewritten at every launch: test split off,
+min_heldout_size = min(100, rows), storage in DIR/storage, kept between launches so a
+relaunch resumes the same ledger), then prints 'listening on 127.0.0.1:PORT' once ready.
+SIGTERM/SIGINT: health turns NOT_SERVING, in-flight calls finish, exit 0.
 """
 
 
@@ -65,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="single-candidate releases the budget must cover; sets the noise (default 500)")
     init.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
     init.add_argument(
+        "--enable-test-split",
+        action="store_true",
+        help="serve SPLIT_TEST (exact accuracy, NO privacy guarantee): for simulation and benchmarks only",
+    )
+    init.add_argument(
         "--canary-file",
         type=Path,
         metavar="F",
@@ -94,6 +118,54 @@ def build_parser() -> argparse.ArgumentParser:
     source = verify.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="the node's config.toml (log = storage.dir/audit.jsonl)")
     source.add_argument("--log", type=Path, help="path of an audit log")
+
+    ledger = commands.add_parser("ledger", help="check the privacy ledger against the audit log, or rebuild it")
+    ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+    ledger_verify = ledger_commands.add_parser(
+        "verify",
+        help="compare the ledger's charges with the audit log's",
+        description="Run the start-up cross-check: the ledger and the audit log must record the same charges "
+        "(release ids, clients, DP events) and the same released values. Prints the result; exit 0 when the "
+        "node would start (a last charge left unaudited by a crash is allowed: the next start records it), "
+        "1 otherwise.",
+    )
+    ledger_verify.add_argument("--config", type=Path, required=True, help="the node's config.toml")
+    rebuild = ledger_commands.add_parser(
+        "rebuild",
+        help="rebuild a lost ledger from the audit log (stop the node first)",
+        description="Write storage.dir/privacy_ledger.jsonl from the audit log's charges, so the spend is "
+        "exact, and its released values, so a retry of a completed request_id replays them. A release that was "
+        "charged but never completed cannot be resumed (its secret subsample and noise are not audited): its "
+        "retry is refused. The rebuild is recorded in the audit log ('ledger_rebuilt'). Stop the node first.",
+    )
+    rebuild.add_argument("--config", type=Path, required=True, help="the node's config.toml")
+    rebuild.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild although a ledger exists: the old one is renamed aside (never deleted)",
+    )
+
+    launch = commands.add_parser(
+        "launch",
+        help="serve one held-out file on one port (the conformance suite's --launch-cmd)",
+        description=LAUNCH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    launch.add_argument("--heldout", type=Path, required=True, metavar="FILE", help="JSONL/parquet held-out rows")
+    launch.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = any free port)")
+    launch.add_argument("--workdir", type=Path, required=True, metavar="DIR", help="config.toml and storage/ go here")
+    launch.add_argument("--ca", type=Path, required=True, help="PEM of the CA that signs the client certificates")
+    launch.add_argument("--cert", type=Path, required=True, help="PEM server certificate")
+    launch.add_argument("--key", type=Path, required=True, help="PEM private key of --cert")
+    launch.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
+    launch.add_argument("--sample-rate", type=float, default=0.1, help="Poisson sampling rate q (default 0.1)")
+    launch.add_argument("--epsilon", type=float, default=4.0, help="total privacy budget epsilon (default 4)")
+    launch.add_argument("--planned-releases", type=int, default=500,
+                        help="single-candidate releases the budget must cover (default 500)")
+    launch.add_argument("--verifier", default="per_example",
+                        help="'per_example' (each row names its verifier) or one verifier for every row")
+    launch.add_argument("--prompt-template", default=None, metavar="T",
+                        help="how each prompt is rendered; contains {prompt} once (default: the project's)")
     return parser
 
 
@@ -121,12 +193,14 @@ def cmd_init(args: argparse.Namespace) -> int:
             sample_rate=args.sample_rate,
             planned_releases=args.planned_releases,
             canaries=canaries,
+            test_split_enabled=args.enable_test_split,
         )
     except (FileExistsError, ValueError, KeyError) as error:
         return _fail(str(error))
     print(f"wrote {result.config_path}")
     print(f"wrote {result.heldout_path} (private held-out feedback split)")
-    print(f"wrote {result.test_path} (test split)")
+    served = "served: exact, NO privacy guarantee" if args.enable_test_split else "not served: --enable-test-split"
+    print(f"wrote {result.test_path} (test split, {served})")
     for name, path in sorted(result.owner_files.items()):
         print(
             f"wrote {path} ({name}, keep on this machine)" if name != "ca_cert" else f"wrote {path} ({name})"
@@ -139,15 +213,36 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    return serve(args.config, args.port)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from target_owner_node.heldout import HeldoutError
+    from target_owner_node.launch import LaunchOptions, write_launch_config
+
+    options = LaunchOptions(
+        heldout=args.heldout, port=args.port, workdir=args.workdir, ca=args.ca, cert=args.cert, key=args.key,
+        dp=not args.no_dp, sample_rate=args.sample_rate, epsilon=args.epsilon,
+        planned_releases=args.planned_releases, verifier=args.verifier, prompt_template=args.prompt_template,
+    )
+    try:
+        config_path = write_launch_config(options)
+    except (HeldoutError, OSError) as error:
+        return _fail(str(error))
+    return serve(config_path, args.port)
+
+
+def serve(config_path: Path, port_override: int | None = None) -> int:
+    """Start the node of `config_path` and serve until SIGTERM/SIGINT (`serve` and `launch`)."""
     from target_owner_node.config import ConfigError, load_config, split_address
     from target_owner_node.node import NodeStartupError
     from target_owner_node.server import start_server
 
     try:
-        config = load_config(args.config)
+        config = load_config(config_path)
         host, port = split_address(config.server.listen_address)
-        if args.port is not None:
-            port = args.port
+        if port_override is not None:
+            port = port_override
         display_host = f"[{host}]" if ":" in host else host
         running = start_server(config, f"{display_host}:{port}")
     except (ConfigError, NodeStartupError, ValueError) as error:
@@ -200,13 +295,43 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from target_owner_node.audit import AuditChainError, AuditLog
+    from target_owner_node.config import ConfigError, load_config
+    from target_owner_node.ledger import Ledger, LedgerCorruptError
+    from target_owner_node.ledger_audit import AuditRecordError, check_consistency, rebuild_ledger
+    from target_owner_node.node import audit_path, ledger_path
+
+    try:
+        config = load_config(args.config)
+        audit = AuditLog(audit_path(config))  # verifies the chain
+        if args.ledger_command == "rebuild":
+            result = rebuild_ledger(ledger_path(config), audit, force=args.force)
+            if result.moved_aside is not None:
+                print(f"moved the previous ledger to {result.moved_aside} (kept)")
+            print(
+                f"rebuilt {result.ledger_path} from {audit.path}: {result.charges} charges, {result.completed} "
+                f"completed (a retry replays their values), {result.unfinished} unfinished (a retry is refused)"
+            )
+        consistency = check_consistency(Ledger(ledger_path(config)), audit.path)
+    except (ConfigError, AuditChainError, LedgerCorruptError, AuditRecordError, FileExistsError) as error:
+        return _fail(str(error))
+    print(("OK " if consistency.ok else "FAILED: ") + consistency.describe())
+    if not consistency.ok:
+        print(f"recover with: target-owner-node ledger rebuild --config {args.config} [--force]")
+    return 0 if consistency.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "init":
-        return cmd_init(args)
-    if args.command == "serve":
-        return cmd_serve(args)
-    return cmd_audit_verify(args)
+    commands = {
+        "init": cmd_init,
+        "serve": cmd_serve,
+        "audit": cmd_audit_verify,
+        "ledger": cmd_ledger,
+        "launch": cmd_launch,
+    }
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -31,6 +32,7 @@ from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
 from rlvr_core.verifiers import verifier_names
 
 PER_EXAMPLE = "per_example"
+STATE_MARKER_NAME = ".target-owner-node-state.json"  # see target_owner_node.state_marker
 
 
 class ConfigError(ValueError):
@@ -58,7 +60,17 @@ class DataConfig(_Section):
     )
     test_path: Path | None = Field(
         default=None,
-        description="Optional final test split; setting it enables SPLIT_TEST (exact, not charged).",
+        description="Optional final test split (exact, not charged); served only if test_split_enabled.",
+    )
+    test_split_enabled: bool = Field(
+        default=False,
+        description="Serve SPLIT_TEST: exact accuracy with no privacy guarantee, for simulation and "
+        "benchmarks only. Requires test_path and test_domains.",
+    )
+    test_domains: list[str] | None = Field(
+        default=None,
+        description="The declared, public domain names of the test split (GetInfo publishes them and "
+        "only they appear as per-domain keys); every test row's domain must be one of them.",
     )
     min_heldout_size: int = Field(
         default=100, description="The node refuses to serve a smaller held-out set."
@@ -95,6 +107,26 @@ class DataConfig(_Section):
         if v not in choices:
             raise ValueError(f"must be one of {', '.join(choices)}; got {v!r}")
         return v
+
+    @field_validator("test_domains")
+    @classmethod
+    def _domains(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if any(not name.strip() for name in v):
+                raise ValueError("every domain name must be a non-empty string")
+            if len(set(v)) != len(v):
+                raise ValueError("domain names must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _test_split_needs_path_and_domains(self) -> DataConfig:
+        if self.test_split_enabled and self.test_path is None:
+            raise ValueError("test_split_enabled = true requires data.test_path (the test split file); set it, "
+                             "or set data.test_split_enabled = false")
+        if self.test_split_enabled and not self.test_domains:
+            raise ValueError("test_split_enabled = true requires data.test_domains (the declared, public list "
+                             "of the test rows' domain names, e.g. [\"add\", \"count\"])")
+        return self
 
 
 class EvaluationConfig(_Section):
@@ -325,6 +357,11 @@ class ServerConfig(_Section):
 
 class StorageConfig(_Section):
     dir: Path = Field(description="Folder for checkpoints, the privacy ledger and the audit log.")
+    state_marker: Path | None = Field(
+        default=None,
+        description="A file OUTSIDE dir recording that dir has spent privacy budget, so a start that finds "
+        "dir emptied refuses; default <config folder>/.target-owner-node-state.json.",
+    )
     max_checkpoint_bytes: int = Field(
         default=8 << 30, description="Largest accepted checkpoint (all files together)."
     )
@@ -332,7 +369,41 @@ class StorageConfig(_Section):
         default=64 << 30, description="Most bytes of checkpoint blobs the node will store."
     )
 
-    _paths = field_validator("dir", mode="after")(_resolve)
+    _default_marker: Path | None = PrivateAttr(default=None)
+    _paths = field_validator("dir", "state_marker", mode="after")(_resolve)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _default_marker_next_to_config(cls, data: Any, handler, info: ValidationInfo) -> StorageConfig:
+        config = handler(data)
+        if config.state_marker is None:
+            # Next to the config file, unless that folder lies inside dir (e.g. dir = "."): then beside dir.
+            base = (info.context or {}).get("base_dir")
+            marker = Path(base) / STATE_MARKER_NAME if base is not None else None
+            if marker is None or _is_inside(marker, config.dir):
+                marker = config.dir.parent / STATE_MARKER_NAME
+            config._default_marker = marker
+        return config
+
+    @model_validator(mode="after")
+    def _marker_outside_dir(self) -> StorageConfig:
+        if self.state_marker is not None and _is_inside(self.state_marker, self.dir):
+            raise ValueError(
+                f"state_marker ({self.state_marker}) must lie outside storage.dir ({self.dir}): it records "
+                f"that dir spent budget, so it must survive losing dir"
+            )
+        return self
+
+    @property
+    def state_marker_explicit(self) -> bool:
+        """Whether the config names the marker (then a marker that cannot be written stops the node)."""
+        return self.state_marker is not None
+
+    @property
+    def state_marker_path(self) -> Path:
+        if self.state_marker is not None:
+            return self.state_marker
+        return self._default_marker or self.dir.parent / STATE_MARKER_NAME
 
     @field_validator("max_checkpoint_bytes", "quota_bytes")
     @classmethod
@@ -397,6 +468,10 @@ class OwnerConfig(_Section):
                 "[tls] section is required (ca_cert, server_cert, server_key) unless server.insecure = true"
             )
         return self
+
+
+def _is_inside(path: Path, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
 def split_address(address: str) -> tuple[str, int]:

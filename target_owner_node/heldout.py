@@ -42,17 +42,31 @@ class SplitFacts:
     """What the server process keeps about its splits: sizes and test-row domains only."""
 
     heldout_size: int
-    test_domains: tuple[str, ...] | None  # None when the test split is disabled
+    test_domains: tuple[str, ...] | None  # each test row's domain; None when the test split is disabled
+    declared_test_domains: tuple[str, ...] = ()  # data.test_domains: public, the only possible map keys
 
     @property
     def test_size(self) -> int:
         return len(self.test_domains) if self.test_domains is not None else 0
 
 
+def row_domain(example: Example) -> str:
+    """The domain a test row is reported under."""
+    return example.domain or example.task or "all"
+
+
 def split_facts(
-    heldout_path: Path, test_path: Path | None, verifier: str, min_heldout_size: int
+    heldout_path: Path,
+    test_path: Path | None,
+    verifier: str,
+    min_heldout_size: int,
+    declared_domains: list[str] | tuple[str, ...] | None = None,
 ) -> SplitFacts:
-    """Load both splits once to check them; refuse a held-out set below `min_heldout_size`."""
+    """Load both splits once to check them; refuse a held-out set below `min_heldout_size`.
+
+    `test_path` None means the test split is disabled. With `declared_domains` (data.test_domains),
+    every test row's domain must be declared: the error names the row's position, never its domain.
+    """
     heldout = load_split(heldout_path, verifier)
     if len(heldout) < min_heldout_size:
         raise HeldoutError(
@@ -65,5 +79,15 @@ def split_facts(
         test = load_split(test_path, verifier)
         if not test:
             raise HeldoutError(f"data.test_path: {test_path} has no examples; remove test_path or fill it")
-        test_domains = tuple(example.domain or example.task or "all" for example in test)
-    return SplitFacts(len(heldout), test_domains)
+        test_domains = tuple(row_domain(example) for example in test)
+        if declared_domains is not None:
+            declared = set(declared_domains)
+            for position, domain in enumerate(test_domains):
+                if domain not in declared:
+                    raise HeldoutError(
+                        f"data.test_path: row {position} (0-based) of {test_path} has a domain that is not in "
+                        f"data.test_domains; declare every domain the test split uses (they are published by "
+                        f"GetInfo), or fix that row's domain"
+                    )
+    declared = tuple(declared_domains or ()) if test_domains is not None else ()  # published only when served
+    return SplitFacts(len(heldout), test_domains, declared)

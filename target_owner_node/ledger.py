@@ -12,6 +12,11 @@ One JSON object per line, appended and fsynced (file + folder) before anything i
 A retry of a pending-only request (the node crashed mid-evaluation) re-runs evaluation with
 the stored subsample and noise, so the released value is the one that was charged for.
 
+A ledger rebuilt from the audit log (`target-owner-node ledger rebuild`) holds ``pending``
+entries with ``"recovered": true`` and no subsample or noise: the audit log never records
+those secrets. They charge exactly like the originals; a completed one still replays its
+released values, but an unfinished one can never be resumed (`RECOVERED_NOT_RESUMABLE`).
+
 On startup the whole file is parsed; composition is rebuilt from the events (never from
 stored epsilon numbers). Any line that does not parse or does not fit the schema stops the
 node with `LedgerCorruptError`: the spend is never silently reset.
@@ -30,9 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from target_owner_node.durable import append_line
+from target_owner_node.durable import append_line, write_atomically
 
 LEDGER_FILE = "privacy_ledger.jsonl"
+# Sent (INVALID_ARGUMENT / INVALID_REQUEST) for a retry of a charged-but-unfinished release
+# after a rebuild: its secret subsample and noise are gone, and fresh ones would be a second
+# release of the same request at no charge.
+RECOVERED_NOT_RESUMABLE = "this release cannot be resumed after a ledger rebuild; use a fresh request_id"
+# The secret fields of a pending entry; a recovered entry must not carry any of them.
+_SECRET_FIELDS = ("mask_b64", "mask_sha256", "noise_draws")
 
 
 class LedgerCorruptError(RuntimeError):
@@ -54,10 +65,24 @@ class DpEventRecord:
             "count": self.count,
         }
 
+    @classmethod
+    def from_json(cls, event: dict[str, Any]) -> DpEventRecord:
+        if not isinstance(event, dict):
+            raise TypeError("event must be an object")
+        return cls(
+            noise_multiplier=_float(event["noise_multiplier"], "event.noise_multiplier", positive=True),
+            sample_rate=_float(event["sample_rate"], "event.sample_rate", positive=True),
+            count=_int(event["count"], "event.count", minimum=1),
+        )
+
 
 @dataclass(frozen=True)
 class PendingRelease:
-    """Everything needed to (re)compute one DP release identically."""
+    """Everything needed to (re)compute one DP release identically.
+
+    `recovered` entries (rebuilt from the audit log) have no `mask` and no `noise_draws`:
+    they keep the charge and the public facts, never the secrets.
+    """
 
     release_id: str
     request_id: str
@@ -73,13 +98,13 @@ class PendingRelease:
     heldout_size: int
     expected_size: float  # public q * N, the release denominator
     noise_std_sum: float  # std of the Gaussian noise on each candidate's sum
-    mask: np.ndarray = field(compare=False)  # (N,) bool, the secret Poisson subsample
-    noise_draws: np.ndarray = field(compare=False)  # (k,) noise added to each candidate's sum
+    mask: np.ndarray | None = field(compare=False)  # (N,) bool, the secret Poisson subsample
+    noise_draws: np.ndarray | None = field(compare=False)  # (k,) noise added to each candidate's sum
+    recovered: bool = False  # rebuilt from the audit log: no mask, no noise, cannot be resumed
 
-    def to_json(self) -> dict[str, Any]:
-        packed = np.packbits(self.mask.astype(bool)).tobytes()
+    def public_json(self) -> dict[str, Any]:
+        """Every field except the secrets (subsample and noise): what the audit log may hold."""
         return {
-            "type": "pending",
             "release_id": self.release_id,
             "request_id": self.request_id,
             "client": self.client,
@@ -94,6 +119,15 @@ class PendingRelease:
             "heldout_size": self.heldout_size,
             "expected_size": self.expected_size,
             "noise_std_sum": self.noise_std_sum,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        if self.recovered:
+            return {"type": "pending", **self.public_json(), "recovered": True}
+        packed = np.packbits(self.mask.astype(bool)).tobytes()
+        return {
+            "type": "pending",
+            **self.public_json(),
             "mask_b64": base64.b64encode(packed).decode("ascii"),
             "mask_sha256": hashlib.sha256(packed).hexdigest(),
             "noise_draws": [float(x) for x in self.noise_draws],
@@ -101,18 +135,20 @@ class PendingRelease:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PendingRelease:
-        event = obj["event"]
-        packed = base64.b64decode(obj["mask_b64"], validate=True)
-        if hashlib.sha256(packed).hexdigest() != obj["mask_sha256"]:
-            raise ValueError("mask digest does not match")
+        """Parse a ledger `pending` line (or, with recovered=true, a rebuilt one). Strict."""
+        recovered = obj.get("recovered", False)
+        if not isinstance(recovered, bool):
+            raise TypeError("recovered must be true or false")
         size = _int(obj["heldout_size"], "heldout_size", minimum=1)
-        mask = np.unpackbits(np.frombuffer(packed, dtype=np.uint8))[:size].astype(bool)
-        if mask.size != size:
-            raise ValueError("mask shorter than heldout_size")
         checkpoint_ids = tuple(_str(x, "checkpoint_ids[]") for x in obj["checkpoint_ids"])
-        noise = np.asarray([_float(x, "noise_draws[]") for x in obj["noise_draws"]], dtype=np.float64)
-        if not checkpoint_ids or noise.shape != (len(checkpoint_ids),):
-            raise ValueError("noise_draws must have one entry per checkpoint")
+        if not checkpoint_ids:
+            raise ValueError("checkpoint_ids must not be empty")
+        if recovered:
+            if any(name in obj for name in _SECRET_FIELDS):
+                raise ValueError("a recovered entry must not carry mask or noise fields")
+            mask = noise = None
+        else:
+            mask, noise = _secrets(obj, size, len(checkpoint_ids))
         if not isinstance(obj["decoding"], dict):
             raise ValueError("decoding must be an object")
         return cls(
@@ -123,11 +159,7 @@ class PendingRelease:
             request_fingerprint=_str(obj["request_fingerprint"], "request_fingerprint"),
             checkpoint_ids=checkpoint_ids,
             decoding=obj["decoding"],
-            event=DpEventRecord(
-                noise_multiplier=_float(event["noise_multiplier"], "event.noise_multiplier", positive=True),
-                sample_rate=_float(event["sample_rate"], "event.sample_rate", positive=True),
-                count=_int(event["count"], "event.count", minimum=1),
-            ),
+            event=DpEventRecord.from_json(obj["event"]),
             epsilon_before=_float(obj["epsilon_before"], "epsilon_before"),
             epsilon_total_after=_float(obj["epsilon_total_after"], "epsilon_total_after"),
             client_epsilon_after=_float(obj["client_epsilon_after"], "client_epsilon_after"),
@@ -136,7 +168,22 @@ class PendingRelease:
             noise_std_sum=_float(obj["noise_std_sum"], "noise_std_sum"),
             mask=mask,
             noise_draws=noise,
+            recovered=recovered,
         )
+
+
+def _secrets(obj: dict[str, Any], size: int, num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """The secret subsample mask and noise draws of a (not recovered) pending entry."""
+    packed = base64.b64decode(obj["mask_b64"], validate=True)
+    if hashlib.sha256(packed).hexdigest() != obj["mask_sha256"]:
+        raise ValueError("mask digest does not match")
+    mask = np.unpackbits(np.frombuffer(packed, dtype=np.uint8))[:size].astype(bool)
+    if mask.size != size:
+        raise ValueError("mask shorter than heldout_size")
+    noise = np.asarray([_float(x, "noise_draws[]") for x in obj["noise_draws"]], dtype=np.float64)
+    if noise.shape != (num_candidates,):
+        raise ValueError("noise_draws must have one entry per checkpoint")
+    return mask, noise
 
 
 @dataclass
@@ -230,6 +277,20 @@ class Ledger:
             entry = {"type": "completed", "release_id": release_id, "values": [float(v) for v in values]}
             append_line(self.path, json.dumps(entry, allow_nan=False))
             release.values = tuple(float(v) for v in values)
+
+
+def write_new_ledger(path: str | Path, releases: list[LedgerRelease]) -> None:
+    """Write a whole ledger at once (a rebuild), durably and atomically. Never overwrites."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} exists; move it aside first")
+    lines = []
+    for release in releases:
+        lines.append(json.dumps(release.pending.to_json(), allow_nan=False))
+        if release.completed:
+            entry = {"type": "completed", "release_id": release.pending.release_id, "values": list(release.values)}
+            lines.append(json.dumps(entry, allow_nan=False))
+    write_atomically(path, "".join(line + "\n" for line in lines).encode("utf-8"))
 
 
 def _safe_reason(error: Exception) -> str:

@@ -1,9 +1,12 @@
 """Assembling a node from its config, with every startup check in one place.
 
 `open_node` refuses to start (raising `NodeStartupError` with the fix) when:
-the held-out set is smaller than data.min_heldout_size; privacy.delta is not below
-1 / held-out size; the privacy ledger is corrupt; the audit chain is broken.
-The noise multiplier is calibrated here, from the config's privacy targets.
+the held-out set is smaller than data.min_heldout_size; a test row's domain is not declared
+in data.test_domains; privacy.delta is not below 1 / held-out size; the privacy ledger is
+corrupt; the audit chain is broken; the ledger and the audit log disagree about the charges
+(`ledger_audit`; the one allowed gap, the last charge unaudited after a crash, is repaired);
+the state marker says the storage folder spent budget but neither file records a charge
+(`state_marker`). The noise multiplier is calibrated here, from the config's privacy targets.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ from target_owner_node.config import OwnerConfig
 from target_owner_node.evaluator import Scorer, WorkerScorer
 from target_owner_node.heldout import HeldoutError, SplitFacts, split_facts
 from target_owner_node.ledger import LEDGER_FILE, Ledger, LedgerCorruptError
+from target_owner_node.ledger_audit import (
+    REBUILD_COMMAND,
+    VERIFY_COMMAND,
+    AuditRecordError,
+    Consistency,
+    check_consistency,
+    repair_last_charge,
+)
+from target_owner_node.logs import log_event
 from target_owner_node.release import ReleaseService
+from target_owner_node.state_marker import StateMarker, StateMarkerError, refuse_if_storage_lost
 from target_owner_node.worker import WorkerSpec
 
 AUDIT_FILE = "audit.jsonl"
@@ -60,11 +73,20 @@ def audit_path(config: OwnerConfig) -> Path:
     return config.storage.dir / AUDIT_FILE
 
 
+def ledger_path(config: OwnerConfig) -> Path:
+    return config.storage.dir / LEDGER_FILE
+
+
+def served_test_path(config: OwnerConfig) -> Path | None:
+    """The test split file, or None when the test split is not enabled (then it is never read)."""
+    return config.data.test_path if config.data.test_split_enabled else None
+
+
 def worker_spec(config: OwnerConfig) -> WorkerSpec:
     data, evaluation = config.data, config.evaluation
     return WorkerSpec(
         heldout_path=data.heldout_path,
-        test_path=data.test_path,
+        test_path=served_test_path(config),
         verifier=data.verifier,
         prompt_template=data.prompt_template,
         engine=evaluation.engine,
@@ -85,7 +107,9 @@ def open_node(
     """Check everything, then build the node. `scorer`/`random_source` are for tests."""
     data, privacy = config.data, config.privacy
     try:
-        facts = split_facts(data.heldout_path, data.test_path, data.verifier, data.min_heldout_size)
+        facts = split_facts(
+            data.heldout_path, served_test_path(config), data.verifier, data.min_heldout_size, data.test_domains
+        )
     except HeldoutError as error:
         raise NodeStartupError(str(error)) from None
     if privacy.enabled and privacy.delta >= 1.0 / facts.heldout_size:
@@ -101,9 +125,19 @@ def open_node(
     budget = None
     if privacy.enabled:
         try:
-            ledger = Ledger(config.storage.dir / LEDGER_FILE)
+            ledger = Ledger(ledger_path(config))
         except LedgerCorruptError as error:
             raise NodeStartupError(str(error)) from None
+        consistency = _check_ledger_against_audit(config, ledger, audit)
+        marker = StateMarker(config.storage.state_marker_path, config.storage.dir)
+        try:
+            refuse_if_storage_lost(
+                marker, ledger.path, audit.path, consistency.ledger_charges + consistency.audit_charges
+            )
+        except StateMarkerError as error:
+            raise NodeStartupError(str(error)) from None
+        charges = ledger.releases()
+        usable_marker = _usable_marker(config, marker, charges[0].pending.time if charges else None)
         z = derived_noise_multiplier(
             privacy.epsilon_budget,
             privacy.delta,
@@ -111,7 +145,7 @@ def open_node(
             privacy.planned_releases,
             privacy.accountant,
         )
-        budget = PrivacyBudget(privacy, z, ledger)
+        budget = PrivacyBudget(privacy, z, ledger, audit, usable_marker)
     if scorer is None:
         sizes = {"feedback": facts.heldout_size, "test": facts.test_size}
         scorer = WorkerScorer(worker_spec(config), config.evaluation.timeout_s, sizes)
@@ -125,3 +159,45 @@ def open_node(
         facts, store, scorer, audit, budget, random_source, min_response_s=config.evaluation.min_response_s
     )
     return OwnerNode(config, facts, store, audit, budget, releases, scorer)
+
+
+def _check_ledger_against_audit(config: OwnerConfig, ledger: Ledger, audit: AuditLog) -> Consistency:
+    """Refuse to start unless both files hold the same charges; repair the one allowed gap."""
+    shown = config.config_path or "CONFIG"
+    try:
+        consistency = check_consistency(ledger, audit.path)
+    except AuditRecordError as error:
+        raise NodeStartupError(f"{error}. Refusing to start; inspect it with "
+                               f"`target-owner-node audit verify --config {shown}`.") from None
+    if not consistency.ok:
+        raise NodeStartupError(
+            f"{consistency.describe()}\nRefusing to start: the privacy spend must never be undercounted. If the "
+            f"ledger was lost or damaged, rebuild it from the audit log with `{REBUILD_COMMAND.format(config=shown)}` "
+            f"(--force moves the present ledger aside, never deletes it); "
+            f"`{VERIFY_COMMAND.format(config=shown)}` repeats this check."
+        )
+    if consistency.missing_last is not None:
+        repair_last_charge(consistency, audit)
+        log_event("audit_charge_recovered", release_id=consistency.missing_last.release_id)
+    return consistency
+
+
+def _usable_marker(config: OwnerConfig, marker: StateMarker, first_charge: float | None) -> StateMarker | None:
+    """The marker if it can be written. A folder that has spent (`first_charge`, from the ledger)
+    is recorded now, so storage folders charged before markers existed are covered too."""
+    if not marker.writable():
+        message = (
+            f"the state marker {marker.path} cannot be written (its folder is missing or read-only); without it, "
+            f"losing the whole storage folder {config.storage.dir} would go unnoticed and restart the budget. Set "
+            f"storage.state_marker to a writable path outside storage.dir"
+        )
+        if config.storage.state_marker_explicit:
+            raise NodeStartupError(message + ".")
+        log_event("state_marker_unavailable", level="warning", message=message)
+        return None
+    if first_charge is not None:
+        try:
+            marker.record_first_charge(first_charge)
+        except StateMarkerError as error:
+            raise NodeStartupError(str(error)) from None
+    return marker

@@ -34,7 +34,7 @@ from target_owner_node.checkpoint_store import CheckpointStore
 from target_owner_node.evaluate_request import FEEDBACK, TEST, EvaluateInputs
 from target_owner_node.evaluator import Scorer
 from target_owner_node.heldout import SplitFacts
-from target_owner_node.ledger import LedgerRelease, PendingRelease
+from target_owner_node.ledger import RECOVERED_NOT_RESUMABLE, LedgerRelease, PendingRelease
 from target_owner_node.logs import log_event
 from target_owner_node.metrics import OwnerMetrics
 
@@ -157,6 +157,8 @@ class ReleaseService:
                     log_event("release_replayed", client=client, release_id=existing.pending.release_id)
                     self.metrics.count_replay()
                     return self._result_of(existing)
+                if existing.pending.recovered:  # rebuilt ledger: its subsample and noise are gone
+                    raise invalid(errors.INVALID_REQUEST, RECOVERED_NOT_RESUMABLE)
                 pending = existing.pending
                 log_event("release_resumed", client=client, release_id=pending.release_id)
             else:

@@ -21,7 +21,10 @@ CONFIG_TEMPLATE = """\
 
 [data]
 heldout_path = "heldout.jsonl"        # private feedback split (never leaves this machine)
-test_path = "test.jsonl"              # optional public test split (SPLIT_TEST); delete to disable
+test_path = "test.jsonl"              # the test split file (read only when test_split_enabled)
+# SPLIT_TEST releases EXACT accuracy with no privacy guarantee: for simulation and benchmarks only.
+test_split_enabled = {test_split_enabled}
+test_domains = {test_domains}    # declared, public (GetInfo); every test row's domain must be listed
 min_heldout_size = {min_heldout_size}
 task_description = {task_description}
 answer_format = {answer_format}
@@ -100,8 +103,13 @@ def init_node(
     canaries: list[str] | None = None,
     sample_rate: float = 0.1,
     planned_releases: int = 500,
+    test_split_enabled: bool = False,
 ) -> InitResult:
-    """Create a node folder. Refuses to overwrite an existing config.toml."""
+    """Create a node folder. Refuses to overwrite an existing config.toml.
+
+    The test split is written but served only with `test_split_enabled` (exact, uncharged
+    accuracy: no privacy guarantee). Its declared domains are the testbed's target domains.
+    """
     from protocol.tls import write_owner_pki
     from rlvr_core.tasks.io import write_examples
     from rlvr_core.tasks.testbed import DEFAULT_TESTBED, build_testbed_data, load_testbed
@@ -137,6 +145,8 @@ def init_node(
             ),
             prompt_template=_toml_string(template),
             dp_enabled="true" if dp_enabled else "false",
+            test_split_enabled="true" if test_split_enabled else "false",
+            test_domains=_toml_list(declared_test_domains(spec)),
             epsilon=repr(float(epsilon)),
             sample_rate=repr(float(sample_rate)),
             planned_releases=int(planned_releases),
@@ -156,6 +166,15 @@ def init_node(
         owner_files={k: Path(v) for k, v in pki.items() if k not in trainer_keys or k == "ca_cert"},
         trainer_files={k: Path(v) for k, v in pki.items() if k in trainer_keys},
     )
+
+
+def declared_test_domains(spec) -> list[str]:
+    """The testbed's public target domains: the names its test rows are reported under."""
+    return sorted({entry.domain for entry in spec.target})
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(_toml_string(value) for value in values) + "]"
 
 
 def _toml_string(value: str) -> str:

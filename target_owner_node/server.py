@@ -261,6 +261,7 @@ def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> 
         prompt_template=config.data.prompt_template,
         test_split_enabled=facts.test_domains is not None,
         test_size=facts.test_size,
+        test_domains=list(facts.declared_test_domains),
     )
 
 

@@ -123,7 +123,13 @@ def main() -> int:
     write_examples(work / "test.jsonl", make_examples(args.prompts, "t"))
     pki = {k: Path(v) for k, v in write_owner_pki(work / "pki", ["localhost"], client_name="bench").items()}
     config = {
-        "data": {"heldout_path": "heldout.jsonl", "test_path": "test.jsonl", "prompt_template": "{prompt}"},
+        "data": {
+            "heldout_path": "heldout.jsonl",
+            "test_path": "test.jsonl",
+            "test_split_enabled": True,  # the evaluation figure is measured on the exact test split
+            "test_domains": ["add"],
+            "prompt_template": "{prompt}",
+        },
         "evaluation": {
             "max_new_tokens": args.max_new_tokens,
             "max_samples_per_prompt": args.samples,

@@ -41,11 +41,19 @@ def _owner_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "target_owner_node.cli", *args]
 
 
-def init_owner(directory: Path, testbed: str, dp: bool, extra_args: list[str] = ()) -> None:
-    """`target-owner-node init DIR`: config, fresh mTLS PKI and the testbed's target splits."""
+def init_owner(
+    directory: Path, testbed: str, dp: bool, extra_args: list[str] = (), test_split: bool = False
+) -> None:
+    """`target-owner-node init DIR`: config, fresh mTLS PKI and the testbed's target splits.
+
+    `test_split` serves SPLIT_TEST (exact accuracy, no privacy guarantee; off in what init
+    writes by default): the simulation's before/after measurements use it.
+    """
     args = ["init", str(directory), "--testbed", testbed, "--server-name", "localhost", *extra_args]
     if not dp:
         args.append("--no-dp")
+    if test_split:
+        args.append("--enable-test-split")
     result = subprocess.run(_owner_cli(*args), capture_output=True, text=True)
     if result.returncode != 0:
         raise OwnerProcessError(f"target-owner-node init failed:\n{result.stderr.strip() or result.stdout.strip()}")

@@ -117,7 +117,8 @@ class Simulation:
             "--epsilon", str(self.opts.epsilon), "--sample-rate", str(self.opts.sample_rate),
             "--planned-releases", str(self.opts.planned_releases),
         ]
-        init_owner(owner_dir, cfg.data.testbed, dp=not self.opts.no_dp, extra_args=extra)
+        # The test split measures the run (never feeds the sampler); the owner serves it only when asked.
+        init_owner(owner_dir, cfg.data.testbed, dp=not self.opts.no_dp, extra_args=extra, test_split=True)
 
         setup = build_training(cfg)  # builds or loads the tiny policy (source data only)
         trainer = setup.trainer

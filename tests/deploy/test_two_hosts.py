@@ -129,8 +129,8 @@ def test_trainer_and_owner_in_two_network_namespaces(hosts, tmp_path, data_dir, 
     assert result["budget_spent"] == pytest.approx(result["epsilon_spent_total"])
     assert result["releases_made"] == 1
     audit = read_jsonl(storage / "audit.jsonl")
-    assert [entry["event"] for entry in audit] == ["upload", "release"]
-    assert audit[1]["client"] == "trainer" and audit[1]["dp"] is True
+    assert [entry["event"] for entry in audit] == ["upload", "release_charged", "release"]
+    assert audit[2]["client"] == "trainer" and audit[2]["dp"] is True
     assert "CANARY" not in session.stdout + session.stderr + Path(tmp_path / "serve.log").read_text()
 
 

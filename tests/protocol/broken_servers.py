@@ -101,9 +101,11 @@ def leaky_errors(canary: str) -> Callable[[RunningServer], None]:
 
 
 def wipe_storage(config: OwnerConfig) -> None:
-    """(c) The restart loses the storage folder: ledger, audit log and checkpoints."""
+    """(c) The restart loses the storage folder: ledger, audit log and checkpoints (and the
+    state marker kept outside it, which would otherwise refuse the restart)."""
     shutil.rmtree(config.storage.dir)
     config.storage.dir.mkdir()
+    config.storage.state_marker_path.unlink(missing_ok=True)
 
 
 def anonymous_clients(running: RunningServer) -> None:

@@ -24,6 +24,7 @@ from target_owner_node.config import OwnerConfig, parse_config
 
 HELDOUT_SIZE = 120
 TEST_SIZE = 20
+TEST_DOMAINS = ("easy", "hard")  # the declared domains of test_examples()
 SERVICE = "/target_feedback.v1.TargetFeedbackService/"
 
 
@@ -113,6 +114,8 @@ def config_dict(tmp_path: Path, data_dir: Path, pki: dict[str, Path], **sections
         "data": {
             "heldout_path": str(data_dir / "heldout.jsonl"),
             "test_path": str(data_dir / "test.jsonl"),
+            "test_split_enabled": True,
+            "test_domains": list(TEST_DOMAINS),
             "min_heldout_size": 100,
             "prompt_template": "{prompt}",
         },

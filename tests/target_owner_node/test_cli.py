@@ -147,3 +147,58 @@ def test_init_writes_a_servable_node(tmp_path, capsys):
     assert oct((node / "pki" / "server.key").stat().st_mode & 0o777) == "0o600"
     assert main(["init", str(node)]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
+
+
+def test_launch_serves_a_held_out_file_like_serve(tmp_path, data_dir, pki):
+    """`launch` (the suite's --launch-cmd): a config for one held-out file, served in the foreground."""
+    from rlvr_core.tasks.io import read_examples, write_examples
+
+    heldout = tmp_path / "suite-heldout.jsonl"
+    write_examples(heldout, read_examples(data_dir / "heldout.jsonl")[:30])
+    workdir = tmp_path / "launched"
+    command = [
+        sys.executable, "-m", "target_owner_node.cli", "launch", "--heldout", str(heldout), "--port", "0",
+        "--workdir", str(workdir), "--ca", str(pki["ca_cert"]), "--cert", str(pki["server_cert"]),
+        "--key", str(pki["server_key"]), "--sample-rate", "0.5", "--epsilon", "2", "--planned-releases", "20",
+        "--verifier", "exact_match", "--prompt-template", "Q: {prompt}",
+    ]
+    log_path = tmp_path / "launch.log"
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_path.open("ab"), text=True,
+                               start_new_session=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:"), f"{line!r}; log: {log_path.read_text()[-2000:]}"
+        client = RecordingClient(int(line.rsplit(":", 1)[1]), pki)
+        try:
+            info = client.info()
+            assert info.heldout_size == 30 and info.privacy.enabled and info.privacy.sample_rate == 0.5
+            assert info.privacy.epsilon_budget == 2.0 and info.prompt_template == "Q: {prompt}"
+            assert not info.test_split_enabled and client.budget().epsilon_spent == 0.0
+        finally:
+            client.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    from target_owner_node.config import load_config
+
+    config = load_config(workdir / "config.toml")
+    assert config.data.min_heldout_size == 30 and config.storage.dir == workdir / "storage"
+    assert config.data.verifier == "exact_match" and not config.data.test_split_enabled
+
+
+def test_launch_refuses_a_missing_held_out_file(tmp_path, pki, capsys):
+    assert main(["launch", "--heldout", str(tmp_path / "nope.jsonl"), "--port", "0", "--workdir", str(tmp_path / "w"),
+                 "--ca", str(pki["ca_cert"]), "--cert", str(pki["server_cert"]), "--key", str(pki["server_key"])]) == 2
+    assert "data file not found" in capsys.readouterr().err
+
+
+def test_help_names_the_ledger_recovery_and_the_launch_contract(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "ledger rebuild --config" in text and "launch" in text
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    assert "--launch-cmd" in capsys.readouterr().out

@@ -88,3 +88,27 @@ def test_missing_file_and_bad_toml_are_clear(tmp_path):
         load_config(tmp_path / "absent.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(_write(tmp_path, "[data\n"))
+
+
+def test_state_marker_defaults_next_to_the_config_outside_storage(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL))
+    assert config.storage.state_marker_path == tmp_path / ".target-owner-node-state.json"
+    assert not config.storage.state_marker_explicit
+    named = load_config(_write(tmp_path, MINIMAL.replace('dir = "storage"', 'dir = "storage"\nstate_marker = "m.json"')))
+    assert named.storage.state_marker_path == tmp_path / "m.json" and named.storage.state_marker_explicit
+    inside = MINIMAL.replace('dir = "storage"', 'dir = "storage"\nstate_marker = "storage/m.json"')
+    with pytest.raises(ConfigError, match=r"storage: state_marker .* must lie outside storage.dir"):
+        load_config(_write(tmp_path, inside))
+
+
+def test_test_split_is_off_unless_switched_on(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL.replace("[data]", '[data]\ntest_path = "test.jsonl"')))
+    assert config.data.test_path == tmp_path / "test.jsonl" and config.data.test_split_enabled is False
+    enabled = MINIMAL.replace("[data]", "[data]\ntest_split_enabled = true")
+    with pytest.raises(ConfigError, match=r"data: test_split_enabled = true requires data\.test_path"):
+        load_config(_write(tmp_path, enabled))
+
+
+def test_state_marker_default_moves_beside_a_storage_dir_that_holds_the_config(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL.replace('dir = "storage"', 'dir = "."')))
+    assert config.storage.state_marker_path == tmp_path.parent / ".target-owner-node-state.json"

@@ -78,3 +78,52 @@ def test_ledger_lines_are_json_objects_with_the_charge(tmp_path):
     assert entry["type"] == "pending"
     assert entry["event"] == {"noise_multiplier": 2.0, "sample_rate": 0.1, "count": 1}
     assert len(entry["noise_draws"]) == 2 and len(entry["mask_sha256"]) == 64
+
+
+def recovered(release_id="r9", request_id="q9"):
+    import dataclasses
+
+    return dataclasses.replace(pending(release_id, request_id), mask=None, noise_draws=None, recovered=True)
+
+
+def test_recovered_entries_round_trip_without_secrets(tmp_path):
+    """A rebuilt ledger's entries keep the charge and the public facts, never a mask or noise."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append_pending(recovered())
+    ledger.append_completed("r9", (0.5, 0.25))
+    entry = json.loads(path.read_text().splitlines()[0])
+    assert entry["recovered"] is True and not {"mask_b64", "mask_sha256", "noise_draws"} & set(entry)
+    (release,) = Ledger(path).releases()
+    assert release.pending.recovered and release.pending.mask is None and release.values == (0.5, 0.25)
+    assert release.pending.event == DpEventRecord(2.0, 0.1, 1)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda e: {**e, "mask_b64": "AA==", "mask_sha256": "0" * 64},  # a recovered entry with secrets
+        lambda e: {**e, "recovered": "yes"},
+        lambda e: {key: value for key, value in e.items() if key != "recovered"},  # then secrets are required
+        lambda e: {**e, "event": [2.0, 0.1, 1]},
+    ],
+)
+def test_recovered_entries_are_parsed_strictly(tmp_path, edit):
+    path = tmp_path / "ledger.jsonl"
+    Ledger(path).append_pending(recovered())
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps(edit(entry)) + "\n")
+    with pytest.raises(LedgerCorruptError, match="never silently reset"):
+        Ledger(path)
+
+
+def test_write_new_ledger_is_loadable_and_never_overwrites(tmp_path):
+    from target_owner_node.ledger import LedgerRelease, write_new_ledger
+
+    path = tmp_path / "ledger.jsonl"
+    write_new_ledger(path, [LedgerRelease(recovered("a", "qa"), (0.1, 0.2)), LedgerRelease(recovered("b", ""))])
+    releases = Ledger(path).releases()
+    assert [r.pending.release_id for r in releases] == ["a", "b"] and releases[0].completed
+    assert not releases[1].completed
+    with pytest.raises(FileExistsError):
+        write_new_ledger(path, [])

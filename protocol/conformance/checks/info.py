@@ -18,7 +18,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib",
 # a field added to the proto must be reviewed for what it reveals before the suite accepts it.
 PUBLIC_INFO_FIELDS = frozenset({
     "protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size",
-    "prompt_template", "test_split_enabled", "test_size",
+    "prompt_template", "test_split_enabled", "test_size", "test_domains",
     "privacy", "privacy.enabled", "privacy.epsilon_budget", "privacy.delta", "privacy.planned_releases",
     "privacy.sample_rate", "privacy.noise_multiplier", "privacy.accountant", "privacy.expected_sample_size",
     "privacy.noise_std", "privacy.per_client_epsilon_cap",
