@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--planned-releases", type=int, default=500,
                       help="single-candidate releases the budget must cover; sets the noise (default 500)")
     init.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
+    init.add_argument("--max-prompt-tokens", type=int, default=128, metavar="N",
+                      help="the PUBLIC prompt width: every held-out prompt is left-padded or cut to N tokens, so "
+                           "evaluation time never depends on which rows were drawn (default 128; choose it from "
+                           "the task card, not from the held-out rows)")
     init.add_argument(
         "--enable-test-split",
         action="store_true",
@@ -194,6 +198,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             planned_releases=args.planned_releases,
             canaries=canaries,
             test_split_enabled=args.enable_test_split,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
     except (FileExistsError, ValueError, KeyError) as error:
         return _fail(str(error))

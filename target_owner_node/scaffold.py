@@ -35,6 +35,7 @@ verifier = "per_example"              # or one verifier name for every row, e.g.
 engine = "transformers"
 device = "cpu"                        # e.g. "cuda:0"
 max_new_tokens = 64                   # caps on what a trainer may request
+max_prompt_tokens = {max_prompt_tokens}                # PUBLIC prompt width: every prompt is padded or cut to it
 max_samples_per_prompt = 8
 max_candidates_per_query = 8
 batch_size = 16
@@ -104,6 +105,7 @@ def init_node(
     sample_rate: float = 0.1,
     planned_releases: int = 500,
     test_split_enabled: bool = False,
+    max_prompt_tokens: int = 128,
 ) -> InitResult:
     """Create a node folder. Refuses to overwrite an existing config.toml.
 
@@ -146,6 +148,7 @@ def init_node(
             prompt_template=_toml_string(template),
             dp_enabled="true" if dp_enabled else "false",
             test_split_enabled="true" if test_split_enabled else "false",
+            max_prompt_tokens=int(max_prompt_tokens),
             test_domains=_toml_list(declared_test_domains(spec)),
             epsilon=repr(float(epsilon)),
             sample_rate=repr(float(sample_rate)),

@@ -113,14 +113,14 @@ class Simulation:
         owner_dir = self.run_dir / "owner"
         if owner_dir.exists():
             shutil.rmtree(owner_dir)  # fresh certificates and a fresh budget for every run
+        setup = build_training(cfg)  # builds or loads the tiny policy (source data only)
         extra = [
             "--epsilon", str(self.opts.epsilon), "--sample-rate", str(self.opts.sample_rate),
             "--planned-releases", str(self.opts.planned_releases),
+            "--max-prompt-tokens", str(prompt_width(setup.tokenizer, setup.data, setup.template)),
         ]
-        # The test split measures the run (never feeds the sampler); the owner serves it only when asked.
         init_owner(owner_dir, cfg.data.testbed, dp=not self.opts.no_dp, extra_args=extra, test_split=True)
 
-        setup = build_training(cfg)  # builds or loads the tiny policy (source data only)
         trainer = setup.trainer
         select = cfg.selection.every > 0
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:
@@ -213,6 +213,17 @@ class Simulation:
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
         print(format_summary(summary, self.run_dir))
         return merged
+
+
+def prompt_width(tokenizer: Any, data: Any, template: str, multiple: int = 16) -> int:
+    """The owner's public prompt width for a simulation: the longest target prompt in the
+    trainer's tokens, rounded up. Only a simulation, which generates the target testbed
+    itself, can measure it; a real owner sets `evaluation.max_prompt_tokens` from its task card."""
+    from rlvr_core.tasks.prompting import render_prompt
+
+    prompts = [render_prompt(e.prompt, template) for e in (*data.feedback, *data.test)]
+    longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    return -(-longest // multiple) * multiple
 
 
 def format_summary(s: dict[str, Any], run_dir: Path) -> str:
