@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from protocol.refusal import is_int, key_path, refuse, shown
+from protocol.tokenizer_rules import ALLOWED_TOKENIZER_CLASSES
 
 # Causal-LM classes whose code ships with transformers itself (no remote code).
 ALLOWED_ARCHITECTURES: tuple[str, ...] = (
@@ -128,6 +129,10 @@ RESTRICTED_CONFIG_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "tie_encoder_decoder": ((False,), "the allowed architectures are decoder-only"),
     # Prunes attention heads at construction: a code path we do not vet.
     "pruned_heads": (({},), "head pruning at load is not supported"),
+    # Inert (the loader reads tokenizer.json with PreTrainedTokenizerFast), kept to the same short list.
+    "tokenizer_class": (
+        (None, *sorted(ALLOWED_TOKENIZER_CLASSES)), "tokenizer.json is read with PreTrainedTokenizerFast"
+    ),
 }
 
 # Rotary-embedding variants built into transformers (others would fail to construct the model).
@@ -154,7 +159,8 @@ def check_config(config: dict[str, Any], allowed_architectures: Iterable[str] = 
     any key not in allowed_config_keys(model_type), restricted keys with other values, unknown
     rope or layer types, and a `vocab_size` / hidden size that is not a positive int.
     """
-    allowed = tuple(allowed_architectures)
+    # Narrowing only: an architecture without a vetted model_type can never be allowed.
+    allowed = tuple(a for a in allowed_architectures if a in MODEL_TYPE_OF_ARCHITECTURE)
     for key, why in REFUSED_CONFIG_KEYS.items():
         where = key_path(config, key)
         if where is not None:

@@ -104,6 +104,7 @@ def test_unknown_keys_are_refused(config) -> None:
         ("add_cross_attention", True),
         ("is_encoder_decoder", True),
         ("pruned_heads", {"0": [1]}),
+        ("tokenizer_class", "EvilTokenizer"),
         ("return_dict", 1),  # JSON 1 is not true
     ],
 )
@@ -143,9 +144,18 @@ def test_bad_values_are_refused(config, changes, match) -> None:
     _refused({**config, **changes}, match)
 
 
-def test_the_architecture_allowlist_can_be_narrowed(config) -> None:
+def test_the_architecture_allowlist_can_be_narrowed_not_widened(config) -> None:
     with pytest.raises(CheckpointValidationError, match="not allowed"):
         validate_config_json(json.dumps(config).encode(), allowed_architectures=("LlamaForCausalLM",))
+    evil = {**config, "architectures": ["EvilForCausalLM"], "model_type": "evil"}
+    with pytest.raises(CheckpointValidationError, match="not allowed"):
+        validate_config_json(json.dumps(evil).encode(), allowed_architectures=("EvilForCausalLM",))
+
+
+def test_every_allowed_architecture_has_an_embedding_name() -> None:
+    from protocol.validation import EMBEDDING_OF_ARCHITECTURE
+
+    assert set(EMBEDDING_OF_ARCHITECTURE) == set(ALLOWED_ARCHITECTURES)
 
 
 @pytest.mark.parametrize("data", [b"", b"[]", b"{", b'"text"', b"[" * 100_000])

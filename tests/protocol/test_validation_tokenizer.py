@@ -532,3 +532,34 @@ def test_messages_do_not_echo_long_contents(files) -> None:
     with pytest.raises(CheckpointValidationError) as caught:
         validate_tokenizer_files(data, EMBEDDING, files["tokenizer_config.json"])
     assert "HIDDEN-TAIL" not in caught.value.message
+
+
+def test_what_passes_loads_in_transformers_without_new_ids(tmp_path, tokenizer, settings) -> None:
+    """In sync with transformers: settings that pass (special tokens that exist, a matching
+    added_tokens_decoder, custom *_token names) give a loaded tokenizer whose every id is a row."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer["added_tokens"].append(_added("<|spare|>", ROWS - 1))
+    tokenizer["model"]["vocab"] = {t: i for t, i in tokenizer["model"]["vocab"].items() if i != ROWS - 1}
+    tokenizer["model"]["merges"] = []
+    entry = {
+        "content": "<|spare|>",
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+        "special": True,
+    }
+    settings.update(
+        pad_token="<|spare|>",
+        boi_token="<|spare|>",
+        extra_special_tokens=["<|spare|>"],
+        added_tokens_decoder={str(ROWS - 1): entry},
+    )
+    _check(tokenizer, settings, {"eos_token": "<|endoftext|>"})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    loaded = PreTrainedTokenizerFast.from_pretrained(str(tmp_path), local_files_only=True)
+    assert len(loaded) == ROWS and max(loaded.get_vocab().values()) == ROWS - 1
+    assert loaded.pad_token_id == ROWS - 1 and loaded.eos_token_id == 0

@@ -239,3 +239,26 @@ def test_every_allowed_architecture_saves_checks_and_loads(architecture: str, tm
     ids = torch.tensor([loaded("Calculate 3 + 4.\nAnswer:")["input_ids"]])
     with torch.no_grad():
         assert model(input_ids=ids).logits.shape[-1] == checked.embedding.rows
+
+
+def test_the_refused_tokenizer_would_fail_exactly_the_prompts_with_the_guessed_string(copy_dir: Path) -> None:
+    """Why ids are checked against the embedding (issue 11, hole 1): loaded past the check, a
+    token one past the last row makes generation fail on exactly the prompts that contain it,
+    so an evaluation's error status would reveal whether a sampled row holds the string."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    rows = json.loads((copy_dir / "config.json").read_text())["vocab_size"]
+    _add_token(copy_dir / "tokenizer.json", rows)
+    with pytest.raises(UnsafeCheckpointError, match=f"has id {rows}, but the input embedding"):
+        check_model_dir(copy_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(copy_dir), use_safetensors=True, local_files_only=True)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(copy_dir), local_files_only=True)
+
+    def forward(prompt: str) -> torch.Tensor:
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    forward("Calculate 3 + 4.\nAnswer:")  # no guessed string: fine
+    with pytest.raises(IndexError):
+        forward("Calculate 3 + GUESS.\nAnswer:")
