@@ -4,6 +4,15 @@ uploads these files and the owner refuses anything else (INVALID_ARGUMENT, nothi
 Weights are safetensors only: they cannot execute code. Pickle-based formats (.bin, .pt,
 .pth, .pkl, .ckpt) are never accepted, and trust_remote_code is never enabled.
 
+`validate_checkpoint_dir` is THE upload rule, and the model loader runs it too
+(rlvr_core.models.loading.check_model_dir), so a checkpoint that passes upload always loads.
+Everything that could make an evaluation fail on some prompts and not on others is refused
+here, on the uploaded files alone, before anything is charged (issue 11, hole 1): the
+tokenizer must only produce ids that are rows of the input embedding (read from the
+safetensors header), its pipeline must come from a fixed allowlist (protocol.tokenizer_rules),
+and config.json may hold only the keys and values transformers' own config classes write
+for the allowed architectures (protocol.config_rules).
+
 Every check raises `CheckpointValidationError` whose `.reason` is a protocol.errors
 reason. Messages name the offending file or key, never echo file contents.
 """
@@ -15,20 +24,46 @@ import json
 import re
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from protocol import errors
-
-# Causal-LM classes whose code ships with transformers itself (no remote code).
-ALLOWED_ARCHITECTURES: tuple[str, ...] = (
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "GPT2LMHeadModel",
+from protocol.config_rules import (
+    ALLOWED_ARCHITECTURES,
+    HIDDEN_SIZE_KEY,
+    MODEL_TYPE_OF_ARCHITECTURE,
+    REFUSED_CONFIG_KEYS,
+    check_config,
+    check_token_id_fields,
 )
+from protocol.refusal import CheckpointValidationError, is_int, key_path, shown
+from protocol.tokenizer_rules import (
+    check_tokenizer_json,
+    check_tokenizer_settings,
+    cross_check_with_tokenizers,
+)
+
+__all__ = [
+    "ALLOWED_ARCHITECTURES",
+    "ALLOWED_JSON_FILES",
+    "MAX_CHUNK_BYTES",
+    "MODEL_TYPE_OF_ARCHITECTURE",
+    "CheckpointValidationError",
+    "EmbeddingShape",
+    "SafetensorsSummary",
+    "ValidatedCheckpoint",
+    "checkpoint_id_for",
+    "embedding_shape",
+    "is_allowed_file_name",
+    "validate_checkpoint_dir",
+    "validate_config_json",
+    "validate_file_name",
+    "validate_index_json",
+    "validate_safetensors",
+    "validate_tokenizer_files",
+    "verify_sha256",
+]
 
 # Exact JSON file names accepted beside the weights.
 ALLOWED_JSON_FILES: frozenset[str] = frozenset(
@@ -85,26 +120,11 @@ def is_allowed_file_name(name: str) -> bool:
     return name in ALLOWED_JSON_FILES or bool(SAFETENSORS_NAME.match(name))
 
 
-class CheckpointValidationError(ValueError):
-    """A checkpoint file was refused. `reason` is a protocol.errors reason constant."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-    def to_protocol_error(self) -> errors.ProtocolError:
-        """The INVALID_ARGUMENT status the owner sends back for this refusal."""
-        return errors.invalid(self.reason, self.message)
-
-
 def _refuse(reason: str, message: str) -> CheckpointValidationError:
     return CheckpointValidationError(reason, message)
 
 
-def _shown(name: str) -> str:
-    """A file or key name, safe to put in a message (repr, truncated)."""
-    return repr(name[:80] + "..." if len(name) > 80 else name)
+_shown = shown
 
 
 # --- file names -------------------------------------------------------------------------
@@ -155,6 +175,7 @@ class SafetensorsSummary:
     data_bytes: int
     dtypes: frozenset[str]
     metadata: dict[str, str]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # tensor name -> shape
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -164,10 +185,6 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _refuse(errors.INVALID_CHECKPOINT, f"duplicate JSON key {_shown(key)}")
         result[key] = value
     return result
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _tensor_bytes(name: str, entry: Any, where: str) -> tuple[int, int, str]:
@@ -184,13 +201,13 @@ def _tensor_bytes(name: str, entry: Any, where: str) -> tuple[int, int, str]:
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BITS:
         raise _refuse(errors.INVALID_CHECKPOINT, f"{where}: tensor {_shown(name)} has an unknown dtype")
     shape = entry["shape"]
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
         raise _refuse(
             errors.INVALID_CHECKPOINT,
             f"{where}: tensor {_shown(name)} shape must be a list of non-negative ints",
         )
     offsets = entry["data_offsets"]
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and o >= 0 for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) and o >= 0 for o in offsets)):
         raise _refuse(
             errors.INVALID_CHECKPOINT,
             f"{where}: tensor {_shown(name)} data_offsets must be two non-negative ints",
@@ -262,12 +279,14 @@ def validate_safetensors(
 
     spans = []
     dtypes = set()
+    shapes = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         begin, end, dtype = _tensor_bytes(name, entry, where)
         spans.append((begin, end, name))
         dtypes.add(dtype)
+        shapes[name] = tuple(entry["shape"])
     spans.sort()
     position = 0
     for begin, end, name in spans:
@@ -283,7 +302,7 @@ def validate_safetensors(
         )
     if cross_check:
         _cross_check_with_safetensors(path, len(spans))
-    return SafetensorsSummary(len(spans), data_bytes, frozenset(dtypes), dict(metadata))
+    return SafetensorsSummary(len(spans), data_bytes, frozenset(dtypes), dict(metadata), shapes)
 
 
 def _cross_check_with_safetensors(path: Path, tensor_count: int) -> None:
@@ -302,6 +321,14 @@ def _cross_check_with_safetensors(path: Path, tensor_count: int) -> None:
 
 # --- JSON files ---------------------------------------------------------------------------
 
+# Files transformers reads for `auto_map` (a request for remote code), at any depth.
+_FILES_CHECKED_FOR_AUTO_MAP = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
 
 def _json_object(data: bytes, file_name: str) -> dict[str, Any]:
     if len(data) > MAX_JSON_FILE_BYTES:
@@ -310,43 +337,30 @@ def _json_object(data: bytes, file_name: str) -> dict[str, Any]:
         value = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
     except CheckpointValidationError as error:
         raise _refuse(error.reason, f"{file_name}: {error.message}") from None
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise _refuse(errors.INVALID_CHECKPOINT, f"{file_name}: not valid UTF-8 JSON") from None
     if not isinstance(value, dict):
         raise _refuse(errors.INVALID_CHECKPOINT, f"{file_name}: must be a JSON object")
-    if "auto_map" in value:
-        # auto_map points transformers at code shipped with the checkpoint (remote code).
-        raise _refuse(errors.INVALID_CHECKPOINT, f"{file_name}: 'auto_map' (custom code) is not allowed")
+    if file_name in _FILES_CHECKED_FOR_AUTO_MAP:
+        where = key_path(value, "auto_map")
+        if where is not None:
+            # auto_map points transformers at code shipped with the checkpoint (remote code).
+            raise _refuse(
+                errors.INVALID_CHECKPOINT,
+                f"{file_name}: {_shown(where)} is not allowed: {REFUSED_CONFIG_KEYS['auto_map']}",
+            )
     return value
 
 
 def validate_config_json(
     data: bytes, allowed_architectures: Iterable[str] = ALLOWED_ARCHITECTURES
 ) -> dict[str, Any]:
-    """Parse config.json: a JSON object with an allowlisted, non-empty `architectures`
-    list, a `model_type`, and no `auto_map`. Returns the parsed object."""
+    """Parse and check config.json (protocol.config_rules.check_config: allowlisted
+    architectures, the matching model_type, only the keys and values transformers' own config
+    class writes, no `auto_map` or `quantization_config` anywhere). Returns the parsed object."""
     config = _json_object(data, "config.json")
-    allowed = tuple(allowed_architectures)
-    architectures = config.get("architectures")
-    if not isinstance(architectures, list) or not architectures:
-        raise _refuse(errors.INVALID_CHECKPOINT, "config.json: 'architectures' must be a non-empty list")
-    for architecture in architectures:
-        if not isinstance(architecture, str) or architecture not in allowed:
-            shown = _shown(architecture) if isinstance(architecture, str) else "a non-string entry"
-            raise _refuse(
-                errors.INVALID_CHECKPOINT,
-                f"config.json: architecture {shown} is not allowed; allowed: {', '.join(allowed)}",
-            )
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise _refuse(errors.INVALID_CHECKPOINT, "config.json: 'model_type' must be a non-empty string")
+    check_config(config, allowed_architectures)
     return config
-
-
-def validate_tokenizer_json(data: bytes, file_name: str = "tokenizer.json") -> dict[str, Any]:
-    """Parse a tokenizer file (tokenizer.json, tokenizer_config.json, ...): a JSON object
-    without `auto_map`. Returns the parsed object."""
-    return _json_object(data, file_name)
 
 
 def validate_index_json(data: bytes, present_files: Iterable[str]) -> dict[str, Any]:
@@ -359,14 +373,154 @@ def validate_index_json(data: bytes, present_files: Iterable[str]) -> dict[str, 
             errors.INVALID_CHECKPOINT, "model.safetensors.index.json: 'weight_map' must be a non-empty object"
         )
     present = set(present_files)
-    for shard in set(weight_map.values()):
-        if not isinstance(shard, str) or not SAFETENSORS_NAME.match(shard) or shard not in present:
-            shown = _shown(shard) if isinstance(shard, str) else "a non-string entry"
+    for shard in weight_map.values():
+        if not isinstance(shard, str) or not SAFETENSORS_NAME.match(shard):
             raise _refuse(
                 errors.INVALID_CHECKPOINT,
-                f"model.safetensors.index.json: weight_map names missing shard {shown}",
+                f"model.safetensors.index.json: weight_map names a disallowed shard {_shown(shard)}",
+            )
+        if shard not in present:
+            raise _refuse(
+                errors.INVALID_CHECKPOINT,
+                f"model.safetensors.index.json: weight_map names missing shard {_shown(shard)}",
             )
     return index
+
+
+# --- weights as the loader will see them ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbeddingNames:
+    """Where an architecture keeps its input embedding and output head (transformers' names)."""
+
+    base_prefix: str  # the base model's attribute: "model" (Qwen2, Llama, ...) or "transformer" (GPT-2)
+    embedding: str  # under the base prefix
+    head: str = "lm_head.weight"
+
+
+EMBEDDING_OF_ARCHITECTURE: dict[str, EmbeddingNames] = {
+    "Qwen2ForCausalLM": EmbeddingNames("model", "embed_tokens.weight"),
+    "Qwen3ForCausalLM": EmbeddingNames("model", "embed_tokens.weight"),
+    "LlamaForCausalLM": EmbeddingNames("model", "embed_tokens.weight"),
+    "MistralForCausalLM": EmbeddingNames("model", "embed_tokens.weight"),
+    "GPT2LMHeadModel": EmbeddingNames("transformer", "wte.weight"),
+}
+
+
+@dataclass(frozen=True)
+class EmbeddingShape:
+    """The input embedding as the safetensors headers declare it (no tensor is loaded)."""
+
+    tensor: str  # e.g. "model.embed_tokens.weight"
+    rows: int  # every token id must be below this
+    width: int
+
+
+def embedding_shape(architecture: str, shapes: dict[str, tuple[int, ...]]) -> EmbeddingShape:
+    """Find the input embedding of `architecture` among the tensors of a checkpoint (name ->
+    shape, all shards together) and check the output head against it.
+
+    A checkpoint whose tensors carry no base-model prefix (GPT-2's original hub weights) is
+    loaded with the prefix added, so the unprefixed name is used for it. The output head, when
+    stored, must have exactly the embedding's shape: a generated id must be embeddable when it
+    is fed back. Without a stored head the weights are tied (or the head is created with the
+    config's vocab_size rows, which must equal the embedding's).
+    """
+    names = EMBEDDING_OF_ARCHITECTURE[architecture]
+    prefixed = any(name.startswith(names.base_prefix + ".") for name in shapes)
+    tensor = f"{names.base_prefix}.{names.embedding}" if prefixed else names.embedding
+    shape = shapes.get(tensor)
+    if shape is None:
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            f"the weights hold no input embedding {tensor!r} (needed for {architecture}); without it "
+            "the owner cannot check the tokenizer's ids against the embedding",
+        )
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise _refuse(errors.INVALID_CHECKPOINT, f"the input embedding {tensor!r} must be a non-empty matrix")
+    head = shapes.get(names.head)
+    if head is not None and tuple(head) != tuple(shape):
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            f"the output head {names.head!r} has shape {list(head)} but the input embedding {tensor!r} has "
+            f"{list(shape)}: every id the head can generate must be a row of the embedding",
+        )
+    return EmbeddingShape(tensor=tensor, rows=shape[0], width=shape[1])
+
+
+def _check_weight_layout(names: list[str], headers: dict[str, SafetensorsSummary], directory: Path) -> None:
+    """The weight files must be exactly what the loader reads: model.safetensors alone, or
+    shards listed by model.safetensors.index.json whose weight_map matches their headers."""
+    shards = sorted(headers)
+    has_index = "model.safetensors.index.json" in names
+    if "model.safetensors" in shards:
+        if len(shards) > 1 or has_index:
+            raise _refuse(
+                errors.INVALID_CHECKPOINT,
+                "model.safetensors must be the only weights file (no shards, no index): the loader would "
+                "read model.safetensors and ignore the rest",
+            )
+        return
+    if not has_index:
+        raise _refuse(errors.INVALID_CHECKPOINT, "sharded weights need model.safetensors.index.json")
+    weight_map = validate_index_json(_read_json_bytes(directory / "model.safetensors.index.json"), shards)[
+        "weight_map"
+    ]
+    holder: dict[str, str] = {}
+    for shard in shards:
+        for tensor in headers[shard].shapes:
+            if tensor in holder:
+                raise _refuse(
+                    errors.INVALID_CHECKPOINT, f"tensor {_shown(tensor)} is stored in two shards ({shard})"
+                )
+            holder[tensor] = shard
+    for tensor, shard in weight_map.items():
+        if holder.get(tensor) != shard:
+            raise _refuse(
+                errors.INVALID_CHECKPOINT,
+                f"model.safetensors.index.json: weight_map puts {_shown(tensor)} in {_shown(shard)}, "
+                "whose header does not hold it",
+            )
+    unmapped = sorted(set(holder) - set(weight_map))
+    if unmapped:
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            f"model.safetensors.index.json: weight_map leaves out tensor {_shown(unmapped[0])} "
+            f"of {_shown(holder[unmapped[0]])} (the loader would skip it)",
+        )
+
+
+# --- tokenizer files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizerSummary:
+    token_count: int  # tokens tokenizer.json defines (vocabulary and added tokens)
+    eos_token_id: int
+
+
+def validate_tokenizer_files(
+    tokenizer_json: bytes,
+    embedding: EmbeddingShape,
+    tokenizer_config: bytes | None = None,
+    special_tokens_map: bytes | None = None,
+    cross_check: bool = True,
+) -> TokenizerSummary:
+    """Check the tokenizer files against the input embedding (protocol.tokenizer_rules): every
+    id below embedding.rows, only allowlisted pipeline components, special tokens that exist,
+    an EOS, no chat template or auto_map. With cross_check the tokenizers library must load
+    tokenizer.json and agree on the ids."""
+    parsed = _json_object(tokenizer_json, "tokenizer.json")
+    token_ids = check_tokenizer_json(parsed, embedding.rows, embedding.tensor)
+    config = None if tokenizer_config is None else _json_object(tokenizer_config, "tokenizer_config.json")
+    special = None
+    if special_tokens_map is not None:
+        special = _json_object(special_tokens_map, "special_tokens_map.json")
+    eos = check_tokenizer_settings(config, special, token_ids)
+    if cross_check:
+        cross_check_with_tokenizers(tokenizer_json.decode("utf-8"), embedding.rows)
+    return TokenizerSummary(token_count=len(token_ids), eos_token_id=eos)
 
 
 # --- whole checkpoint ---------------------------------------------------------------------
@@ -387,6 +541,12 @@ class ValidatedCheckpoint:
     config: dict[str, Any]
     files: tuple[str, ...]
     total_bytes: int
+    embedding: EmbeddingShape | None = None
+    tokenizer: TokenizerSummary | None = None
+
+
+REQUIRED_FILES = ("config.json", "tokenizer.json")
+_OPTIONAL_JSON_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def validate_checkpoint_dir(
@@ -394,16 +554,27 @@ def validate_checkpoint_dir(
     allowed_architectures: Iterable[str] = ALLOWED_ARCHITECTURES,
     max_total_bytes: int | None = None,
 ) -> ValidatedCheckpoint:
-    """Run every check on a checkpoint directory: only regular, allowlisted files (no
-    symlinks or subfolders), config.json present and valid, at least one safetensors
-    file, each safetensors file structurally valid, JSON files valid, index consistent."""
+    """Run every upload check on a checkpoint directory; the model loader runs the same.
+
+    Files: only regular, allowlisted files (no symlinks or subfolders); config.json,
+    tokenizer.json and safetensors weights present; each safetensors header structurally
+    valid; model.safetensors alone or shards that match their index. Contents: config.json
+    passes protocol.config_rules; its vocab_size and hidden size match the input embedding
+    read from the headers; the output head has the embedding's shape; every token id in
+    config.json / generation_config.json and every id the tokenizer can produce is a row of the
+    embedding; the tokenizer passes protocol.tokenizer_rules.
+    """
     directory = Path(directory)
     entries = sorted(directory.iterdir(), key=lambda p: p.name)
     names = []
     total = 0
     for entry in entries:
         validate_file_name(entry.name)
-        if entry.is_symlink() or not entry.is_file():
+        if entry.is_symlink():
+            raise _refuse(
+                errors.DISALLOWED_FILE, f"{_shown(entry.name)} is a symlink; only regular files are allowed"
+            )
+        if not entry.is_file():
             raise _refuse(errors.DISALLOWED_FILE, f"{_shown(entry.name)} is not a regular file")
         names.append(entry.name)
         total += entry.stat().st_size
@@ -411,25 +582,54 @@ def validate_checkpoint_dir(
         raise _refuse(
             errors.UPLOAD_TOO_LARGE, f"checkpoint holds {total} bytes, over the {max_total_bytes} limit"
         )
-    if "config.json" not in names:
-        raise _refuse(errors.INVALID_CHECKPOINT, "config.json is missing")
+    for required in REQUIRED_FILES:
+        if required not in names:
+            raise _refuse(errors.INVALID_CHECKPOINT, f"{required} is missing")
     shards = [n for n in names if SAFETENSORS_NAME.match(n)]
     if not shards:
-        raise _refuse(errors.INVALID_CHECKPOINT, "no model*.safetensors file")
-    if len(shards) > 1 and "model.safetensors.index.json" not in names:
-        raise _refuse(errors.INVALID_CHECKPOINT, "sharded weights need model.safetensors.index.json")
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            "no safetensors weights (model.safetensors, or model-NNNNN-of-NNNNN.safetensors shards)",
+        )
 
     config = validate_config_json(_read_json_bytes(directory / "config.json"), allowed_architectures)
-    for name in names:
-        if name == "config.json":
-            continue
-        if name == "model.safetensors.index.json":
-            validate_index_json(_read_json_bytes(directory / name), shards)
-        elif name in ALLOWED_JSON_FILES:
-            validate_tokenizer_json(_read_json_bytes(directory / name), name)
-        else:
-            validate_safetensors(directory / name)
-    return ValidatedCheckpoint(config=config, files=tuple(names), total_bytes=total)
+    headers = {shard: validate_safetensors(directory / shard) for shard in shards}
+    _check_weight_layout(names, headers, directory)
+    shapes = {tensor: shape for summary in headers.values() for tensor, shape in summary.shapes.items()}
+    embedding = embedding_shape(config["architectures"][0], shapes)
+    _check_config_against_embedding(config, embedding)
+    present = {name: _read_json_bytes(directory / name) for name in _OPTIONAL_JSON_FILES if name in names}
+    if "generation_config.json" in present:
+        generation = _json_object(present["generation_config.json"], "generation_config.json")
+        check_token_id_fields(generation, embedding.rows, embedding.tensor, "generation_config.json")
+    tokenizer = validate_tokenizer_files(
+        _read_json_bytes(directory / "tokenizer.json"),
+        embedding,
+        present.get("tokenizer_config.json"),
+        present.get("special_tokens_map.json"),
+    )
+    return ValidatedCheckpoint(
+        config=config, files=tuple(names), total_bytes=total, embedding=embedding, tokenizer=tokenizer
+    )
+
+
+def _check_config_against_embedding(config: dict[str, Any], embedding: EmbeddingShape) -> None:
+    """transformers builds the model from config.json and refuses weights of another shape, so
+    a mismatch would fail at load, after the charge."""
+    if config["vocab_size"] != embedding.rows:
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            f"config.json: 'vocab_size' is {config['vocab_size']} but the input embedding {embedding.tensor} "
+            f"has {embedding.rows} rows (transformers refuses to load a mismatch)",
+        )
+    hidden_key = HIDDEN_SIZE_KEY.get(config["model_type"], "hidden_size")
+    if config[hidden_key] != embedding.width:
+        raise _refuse(
+            errors.INVALID_CHECKPOINT,
+            f"config.json: {hidden_key!r} is {config[hidden_key]} but the input embedding {embedding.tensor} "
+            f"is {embedding.width} wide",
+        )
+    check_token_id_fields(config, embedding.rows, embedding.tensor, "config.json")
 
 
 def _read_json_bytes(path: Path) -> bytes:

@@ -213,3 +213,27 @@ def chunk_messages(name: str, data: bytes, chunk_bytes: int = MAX_CHUNK_BYTES) -
 
 def stream(messages: list[pb.UploadCheckpointRequest]) -> Iterator[pb.UploadCheckpointRequest]:
     yield from messages
+
+
+def tokenizer_with_token_past_embedding(tokenizer_json: bytes, rows: int, content: str) -> bytes:
+    """tokenizer.json bytes with one added token, `content`, at id `rows`: one past the last
+    embedding row. A server that accepts it fails Evaluate exactly when a sampled prompt holds
+    `content` (issue 11, hole 1); it must be refused at upload."""
+    tokenizer = json.loads(tokenizer_json)
+    tokenizer["added_tokens"] = [*tokenizer.get("added_tokens", []), {
+        "id": rows, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+        "normalized": False, "special": False,
+    }]
+    return json.dumps(tokenizer, ensure_ascii=False).encode("utf-8")
+
+
+def with_token_past_embedding(
+    files: list[CheckpointFile], content: str = "CONFORMANCE-GUESS"
+) -> list[CheckpointFile]:
+    """The checkpoint with tokenizer_with_token_past_embedding applied (rows = config vocab_size)."""
+    rows = json.loads(next(f.data for f in files if f.name == "config.json"))["vocab_size"]
+    return [
+        CheckpointFile(f.name, tokenizer_with_token_past_embedding(f.data, rows, content))
+        if f.name == "tokenizer.json" else f
+        for f in files
+    ]

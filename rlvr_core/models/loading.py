@@ -1,15 +1,17 @@
 """Load and save policy checkpoints without ever executing code from them.
 
 A checkpoint directory is untrusted input (the target owner receives it over the wire), so
-loading is gated by `check_model_dir`: only allowlisted file names (safetensors weights and a
-few JSON files, see protocol/validation.py), only causal-LM classes that ship with
-transformers, and no `auto_map` (which is how a config asks for remote code). Weights are read
-with `use_safetensors=True`; nothing here calls torch.load or unpickles anything.
+loading is gated by `check_model_dir`, which runs exactly the owner's upload rule
+(protocol.validation.validate_checkpoint_dir): only allowlisted file names (safetensors weights
+and a few JSON files), only causal-LM classes that ship with transformers with their own config
+keys, no `auto_map` (how a config asks for remote code) or `quantization_config`, and a tokenizer
+whose every id is a row of the embedding. One rule in both places means a checkpoint can never
+pass upload and then fail to load after a privacy charge. Weights are read with
+`use_safetensors=True`; nothing here calls torch.load or unpickles anything.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,112 +20,50 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from protocol.validation import ALLOWED_ARCHITECTURES, SAFETENSORS_NAME, is_allowed_file_name
+from protocol.validation import (
+    MODEL_TYPE_OF_ARCHITECTURE,
+    CheckpointValidationError,
+    is_allowed_file_name,
+    validate_checkpoint_dir,
+)
 
-# AutoModelForCausalLM picks the class from `model_type`, not from `architectures`, so both must
-# agree: otherwise a config could name an allowed architecture and load a different class.
-MODEL_TYPE_OF_ARCHITECTURE: dict[str, str] = {
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "GPT2LMHeadModel": "gpt2",
-}
-
-# Files whose JSON may carry an `auto_map` (a request for remote code).
-_JSON_FILES_CHECKED_FOR_REMOTE_CODE = ("config.json", "tokenizer_config.json")
+__all__ = [
+    "MODEL_TYPE_OF_ARCHITECTURE",
+    "UnsafeCheckpointError",
+    "check_model_dir",
+    "load_policy",
+    "load_tokenizer",
+    "save_policy",
+]
 
 
 class UnsafeCheckpointError(ValueError):
-    """A checkpoint directory is malformed or could make the loader run code."""
+    """A checkpoint directory is malformed or could make the loader run code.
+
+    `reason` is the protocol.errors reason the owner's upload path would have refused it with."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def check_model_dir(path: str | Path) -> dict[str, Any]:
-    """Validate a checkpoint directory and return its parsed config.json.
+    """Validate a checkpoint directory with the upload rule and return its parsed config.json.
 
-    Raises UnsafeCheckpointError naming the offending file or field when the directory holds a
-    file that is not allowlisted (pickle weights, stray files, sub-directories, symlinks), has
-    no safetensors weights, names an architecture outside ALLOWED_ARCHITECTURES, or asks for
-    remote code through `auto_map`. Reads only names and small JSON files, never weights.
+    Raises UnsafeCheckpointError naming the offending file or field for anything
+    protocol.validation.validate_checkpoint_dir refuses: files that are not allowlisted (pickle
+    weights, stray files, sub-directories, symlinks), missing weights, config.json or
+    tokenizer.json, an architecture or config key outside the allowlists, `auto_map`, a
+    tokenizer id past the embedding, and so on. Reads names, JSON files and safetensors
+    headers, never the weights themselves.
     """
     root = Path(path)
     if not root.is_dir():
         raise UnsafeCheckpointError(f"checkpoint path is not a directory: {root}")
-    names = sorted(entry.name for entry in root.iterdir())
-    for name in names:
-        entry = root / name
-        if entry.is_symlink():
-            raise UnsafeCheckpointError(f"checkpoint file {name!r} is a symlink; only regular files are allowed")
-        if not entry.is_file():
-            raise UnsafeCheckpointError(f"checkpoint entry {name!r} is not a regular file")
-        if not is_allowed_file_name(name):
-            raise UnsafeCheckpointError(
-                f"checkpoint file {name!r} is not allowed: only safetensors weights and "
-                "allowlisted JSON files may be present (pickle formats are never loaded)"
-            )
-    weight_files = [name for name in names if SAFETENSORS_NAME.match(name)]
-    if not weight_files:
-        raise UnsafeCheckpointError("checkpoint has no safetensors weights (model*.safetensors)")
-    if "config.json" not in names:
-        raise UnsafeCheckpointError("checkpoint has no config.json")
-
-    config = _read_json_object(root, "config.json")
-    _check_architecture(config)
-    for name in _JSON_FILES_CHECKED_FOR_REMOTE_CODE:
-        if name in names and _contains_key(_read_json_object(root, name), "auto_map"):
-            raise UnsafeCheckpointError(f"{name} contains 'auto_map' (remote code is never loaded)")
-    if "model.safetensors.index.json" in names:
-        _check_shard_index(root, set(names))
-    return config
-
-
-def _read_json_object(root: Path, name: str) -> dict[str, Any]:
     try:
-        value = json.loads((root / name).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UnsafeCheckpointError(f"{name} is not valid UTF-8 JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise UnsafeCheckpointError(f"{name} must hold a JSON object")
-    return value
-
-
-def _check_architecture(config: dict[str, Any]) -> None:
-    architectures = config.get("architectures")
-    if not isinstance(architectures, list) or not architectures:
-        raise UnsafeCheckpointError("config.json field 'architectures' must be a non-empty list")
-    for architecture in architectures:
-        if architecture not in ALLOWED_ARCHITECTURES:
-            raise UnsafeCheckpointError(
-                f"config.json field 'architectures' names {architecture!r}, "
-                f"allowed: {', '.join(ALLOWED_ARCHITECTURES)}"
-            )
-        expected_type = MODEL_TYPE_OF_ARCHITECTURE[architecture]
-        if config.get("model_type") != expected_type:
-            raise UnsafeCheckpointError(
-                f"config.json field 'model_type' is {config.get('model_type')!r} but "
-                f"architecture {architecture} needs {expected_type!r}"
-            )
-
-
-def _contains_key(value: Any, key: str) -> bool:
-    """True when `key` occurs as a mapping key anywhere inside a parsed JSON value."""
-    if isinstance(value, dict):
-        return key in value or any(_contains_key(child, key) for child in value.values())
-    if isinstance(value, list):
-        return any(_contains_key(child, key) for child in value)
-    return False
-
-
-def _check_shard_index(root: Path, names: set[str]) -> None:
-    index = _read_json_object(root, "model.safetensors.index.json")
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise UnsafeCheckpointError("model.safetensors.index.json field 'weight_map' must be an object")
-    for shard in set(weight_map.values()):
-        if not isinstance(shard, str) or not SAFETENSORS_NAME.match(shard):
-            raise UnsafeCheckpointError(f"model.safetensors.index.json names a disallowed shard {shard!r}")
-        if shard not in names:
-            raise UnsafeCheckpointError(f"model.safetensors.index.json names a missing shard {shard!r}")
+        return validate_checkpoint_dir(root).config
+    except CheckpointValidationError as error:
+        raise UnsafeCheckpointError(f"checkpoint {root.name}: {error.message}", error.reason) from error
 
 
 def _dtype_keyword() -> str:
@@ -215,7 +155,7 @@ def save_policy(
             shutil.rmtree(entry)
         elif not is_allowed_file_name(entry.name):
             entry.unlink()
-    check_model_dir(root)
     if not (root / "tokenizer.json").is_file():
         raise UnsafeCheckpointError("save_policy: tokenizer did not write tokenizer.json (slow tokenizer?)")
+    check_model_dir(root)
     return root

@@ -1,4 +1,8 @@
-"""safetensors header parsing, JSON files and whole checkpoint directories."""
+"""safetensors header parsing and whole checkpoint directories (file layout, weights vs. config).
+
+config.json and tokenizer rules have their own files: test_validation_config.py and
+test_validation_tokenizer.py.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,13 @@ import torch
 from safetensors.torch import save_file
 
 from protocol import errors
+from protocol.conformance.checkpoints import safetensors_bytes, tiny_checkpoint_files, write_checkpoint
 from protocol.validation import (
     CheckpointValidationError,
     validate_checkpoint_dir,
-    validate_config_json,
     validate_safetensors,
-    validate_tokenizer_json,
     verify_sha256,
 )
-
-CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 8}
 
 
 def _tiny_tensors() -> dict[str, torch.Tensor]:
@@ -161,66 +162,39 @@ def test_messages_do_not_echo_file_contents(tmp_path: Path) -> None:
     assert secret not in str(error)
 
 
-# --- JSON files -------------------------------------------------------------------------
-
-
-def test_valid_config_is_returned() -> None:
-    assert validate_config_json(json.dumps(CONFIG).encode()) == CONFIG
-
-
-@pytest.mark.parametrize(
-    "config, match",
-    [
-        ({**CONFIG, "auto_map": {"AutoModelForCausalLM": "modeling_evil.Evil"}}, "auto_map"),
-        ({**CONFIG, "architectures": ["EvilForCausalLM"]}, "'EvilForCausalLM' is not allowed"),
-        ({**CONFIG, "architectures": ["Qwen2ForCausalLM", "EvilForCausalLM"]}, "not allowed"),
-        ({**CONFIG, "architectures": []}, "non-empty list"),
-        ({**CONFIG, "architectures": "Qwen2ForCausalLM"}, "non-empty list"),
-        ({**CONFIG, "architectures": [3]}, "non-string"),
-        ({k: v for k, v in CONFIG.items() if k != "model_type"}, "model_type"),
-    ],
-)
-def test_bad_configs_are_refused(config: dict, match: str) -> None:
-    with pytest.raises(CheckpointValidationError, match=match) as caught:
-        validate_config_json(json.dumps(config).encode())
-    assert caught.value.reason == errors.INVALID_CHECKPOINT
-
-
-def test_config_architecture_allowlist_can_be_narrowed() -> None:
-    with pytest.raises(CheckpointValidationError, match="not allowed"):
-        validate_config_json(json.dumps(CONFIG).encode(), allowed_architectures=("LlamaForCausalLM",))
-
-
-@pytest.mark.parametrize("data", [b"", b"[]", b"{", b'"text"'])
-def test_config_must_be_a_json_object(data: bytes) -> None:
-    with pytest.raises(CheckpointValidationError, match="config.json"):
-        validate_config_json(data)
-
-
-def test_tokenizer_files() -> None:
-    assert validate_tokenizer_json(b'{"model": {"type": "BPE"}}') == {"model": {"type": "BPE"}}
-    with pytest.raises(CheckpointValidationError, match="tokenizer_config.json: 'auto_map'"):
-        validate_tokenizer_json(b'{"auto_map": {"AutoTokenizer": ["x.Tok", null]}}', "tokenizer_config.json")
-    with pytest.raises(CheckpointValidationError, match="JSON object"):
-        validate_tokenizer_json(b"[1]")
-
-
 # --- whole directories ------------------------------------------------------------------
 
 
 def _checkpoint(directory: Path) -> Path:
-    directory.mkdir()
-    save_file(_tiny_tensors(), str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(CONFIG))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 32}))
-    return directory
+    """The conformance suite's valid tiny Qwen2 checkpoint (numpy + tokenizers only: fast)."""
+    return write_checkpoint(tiny_checkpoint_files(seed=0), directory)
+
+
+def _edit_json(path: Path, **fields) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def _refused_dir(directory: Path, match: str, reason: str = errors.INVALID_CHECKPOINT) -> str:
+    with pytest.raises(CheckpointValidationError, match=match) as caught:
+        validate_checkpoint_dir(directory)
+    assert caught.value.reason == reason
+    return caught.value.message
 
 
 def test_valid_checkpoint_dir(tmp_path: Path) -> None:
-    result = validate_checkpoint_dir(_checkpoint(tmp_path / "ckpt"))
-    assert result.config == CONFIG
-    assert result.files == ("config.json", "model.safetensors", "tokenizer_config.json")
-    assert result.total_bytes == sum(p.stat().st_size for p in (tmp_path / "ckpt").iterdir())
+    directory = _checkpoint(tmp_path / "ckpt")
+    result = validate_checkpoint_dir(directory)
+    assert result.config == json.loads((directory / "config.json").read_text())
+    assert result.files == (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    )
+    assert result.total_bytes == sum(p.stat().st_size for p in directory.iterdir())
+    assert (result.embedding.tensor, result.embedding.rows) == ("model.embed_tokens.weight", 300)
+    assert result.tokenizer.eos_token_id == 0
 
 
 @pytest.mark.parametrize(
@@ -228,9 +202,10 @@ def test_valid_checkpoint_dir(tmp_path: Path) -> None:
     [
         (lambda d: (d / "pytorch_model.bin").write_bytes(b"x"), errors.DISALLOWED_FILE, "pickle"),
         (lambda d: (d / "config.json").unlink(), errors.INVALID_CHECKPOINT, "config.json is missing"),
-        (lambda d: (d / "model.safetensors").unlink(), errors.INVALID_CHECKPOINT, "safetensors"),
+        (lambda d: (d / "tokenizer.json").unlink(), errors.INVALID_CHECKPOINT, "tokenizer.json is missing"),
+        (lambda d: (d / "model.safetensors").unlink(), errors.INVALID_CHECKPOINT, "no safetensors"),
         (
-            lambda d: (d / "tokenizer_config.json").write_text('{"auto_map": {}}'),
+            lambda d: _edit_json(d / "tokenizer_config.json", auto_map={}),
             errors.INVALID_CHECKPOINT,
             "auto_map",
         ),
@@ -239,39 +214,70 @@ def test_valid_checkpoint_dir(tmp_path: Path) -> None:
             errors.INVALID_CHECKPOINT,
             "truncated",
         ),
-        (lambda d: (d / "tokenizer.json").mkdir(), errors.DISALLOWED_FILE, "regular file"),
+        (lambda d: (d / "special_tokens_map.json").mkdir(), errors.DISALLOWED_FILE, "regular file"),
         (
-            lambda d: (d / "tokenizer.json").symlink_to("/etc/hostname"),
+            lambda d: (d / "special_tokens_map.json").symlink_to("/etc/hostname"),
             errors.DISALLOWED_FILE,
-            "regular file",
+            "symlink",
         ),
         (
             lambda d: (d / "model-00001-of-00002.safetensors").write_bytes(
                 (d / "model.safetensors").read_bytes()
             ),
             errors.INVALID_CHECKPOINT,
-            "index",
+            "must be the only weights file",
         ),
     ],
 )
 def test_damaged_checkpoint_dirs_are_refused(tmp_path: Path, damage, reason: str, match: str) -> None:
     directory = _checkpoint(tmp_path / "ckpt")
     damage(directory)
-    with pytest.raises(CheckpointValidationError, match=match) as caught:
-        validate_checkpoint_dir(directory)
-    assert caught.value.reason == reason
+    _refused_dir(directory, match, reason)
+
+
+def _shard(directory: Path) -> dict[str, str]:
+    """Split model.safetensors into two shards plus an index, as save_pretrained would."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, members in halves.items():
+        (directory / shard).write_bytes(safetensors_bytes({name: tensors[name] for name in members}))
+        weight_map.update(dict.fromkeys(members, shard))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return weight_map
 
 
 def test_sharded_checkpoint_with_index(tmp_path: Path) -> None:
     directory = _checkpoint(tmp_path / "ckpt")
-    (directory / "model.safetensors").rename(directory / "model-00001-of-00001.safetensors")
-    index = {"weight_map": {"embed.weight": "model-00001-of-00001.safetensors"}}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert "model.safetensors.index.json" in validate_checkpoint_dir(directory).files
-    index["weight_map"]["norm.weight"] = "model-00002-of-00002.safetensors"
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointValidationError, match="missing shard"):
-        validate_checkpoint_dir(directory)
+    weight_map = _shard(directory)
+    result = validate_checkpoint_dir(directory)
+    assert "model.safetensors.index.json" in result.files and result.embedding.rows == 300
+    index = directory / "model.safetensors.index.json"
+    extra = {"extra.weight": "model-00003-of-00003.safetensors"}
+    index.write_text(json.dumps({"weight_map": {**weight_map, **extra}}))
+    _refused_dir(directory, "missing shard")
+    index.write_text(json.dumps({"weight_map": {**weight_map, "model.norm.weight": "../pytorch_model.bin"}}))
+    _refused_dir(directory, "disallowed shard")
+
+
+def test_index_must_match_the_shard_headers(tmp_path: Path) -> None:
+    """The embedding is read from the shard the loader reads it from; a stale index is refused."""
+    directory = _checkpoint(tmp_path / "ckpt")
+    weight_map = _shard(directory)
+    index = directory / "model.safetensors.index.json"
+    moved = dict(weight_map)
+    tensor = "model.embed_tokens.weight"
+    moved[tensor] = next(s for s in set(weight_map.values()) if s != weight_map[tensor])
+    index.write_text(json.dumps({"weight_map": moved}))
+    _refused_dir(directory, "does not hold it")
+    index.write_text(json.dumps({"weight_map": {k: v for k, v in weight_map.items() if k != tensor}}))
+    _refused_dir(directory, "leaves out tensor 'model.embed_tokens.weight'")
+    (directory / "model.safetensors.index.json").unlink()
+    _refused_dir(directory, "need model.safetensors.index.json")
 
 
 def test_total_size_limit(tmp_path: Path) -> None:
@@ -289,3 +295,53 @@ def test_checksum(tmp_path: Path) -> None:
     with pytest.raises(CheckpointValidationError, match="sha256") as caught:
         verify_sha256(path, "0" * 64)
     assert caught.value.reason == errors.CHECKSUM_MISMATCH
+
+
+# --- the weights against config.json ------------------------------------------------------------
+
+
+def _replace_tensor(directory: Path, name: str, array) -> None:
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    if array is None:
+        del tensors[name]
+    else:
+        tensors[name] = array
+    (directory / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+
+
+def test_vocab_size_must_equal_the_embedding_rows(tmp_path: Path) -> None:
+    """transformers refuses to load weights whose shape disagrees with config.json."""
+    directory = _checkpoint(tmp_path / "ckpt")
+    for vocab_size in (299, 301):
+        _edit_json(directory / "config.json", vocab_size=vocab_size)
+        _refused_dir(directory, f"'vocab_size' is {vocab_size} but the input embedding .* has 300 rows")
+    _edit_json(directory / "config.json", vocab_size=300, hidden_size=64)
+    _refused_dir(directory, "'hidden_size' is 64 but the input embedding .* is 32 wide")
+
+
+def test_output_head_must_match_the_embedding(tmp_path: Path) -> None:
+    import numpy as np
+
+    directory = _checkpoint(tmp_path / "ckpt")
+    _replace_tensor(directory, "lm_head.weight", np.zeros((300, 32), np.float32))
+    validate_checkpoint_dir(directory)  # an untied head of the same shape is fine
+    _replace_tensor(directory, "lm_head.weight", np.zeros((310, 32), np.float32))
+    _refused_dir(directory, "output head 'lm_head.weight' has shape \\[310, 32\\]")
+
+
+def test_the_embedding_must_be_in_the_weights(tmp_path: Path) -> None:
+    directory = _checkpoint(tmp_path / "ckpt")
+    _replace_tensor(directory, "model.embed_tokens.weight", None)
+    _refused_dir(directory, "no input embedding 'model.embed_tokens.weight'")
+
+
+@pytest.mark.parametrize("file_name", ["config.json", "generation_config.json"])
+def test_token_ids_of_configs_must_be_embedding_rows(tmp_path: Path, file_name: str) -> None:
+    """A pad or eos id is fed back into the model once a row finishes: it must be embeddable."""
+    directory = _checkpoint(tmp_path / "ckpt")
+    _edit_json(directory / file_name, pad_token_id=300)
+    _refused_dir(directory, f"{file_name}: 'pad_token_id' is 300, but the input embedding")
+    _edit_json(directory / file_name, pad_token_id=0, eos_token_id=[0, 1000])
+    _refused_dir(directory, f"{file_name}: 'eos_token_id' is 1000")

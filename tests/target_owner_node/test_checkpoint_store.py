@@ -190,3 +190,45 @@ def test_required_files(tmp_path, tiny_checkpoint):
     del messages[0].manifest.files[:]
     messages[0].manifest.files.extend(files)
     _refused(store, messages, errors.INVALID_CHECKPOINT)
+
+
+def _edit(folder: Path, name: str, change) -> None:
+    path = folder / name
+    value = json.loads(path.read_text())
+    change(value)
+    path.write_text(json.dumps(value))
+
+
+def _token_past_embedding(folder: Path) -> None:
+    from protocol.conformance.checkpoints import tokenizer_with_token_past_embedding
+
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+    path = folder / "tokenizer.json"
+    path.write_bytes(tokenizer_with_token_past_embedding(path.read_bytes(), rows, "GUESSED-HELD-OUT-STRING"))
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        # The reproduced attack (issue 11, hole 1): an added token one past the embedding's rows.
+        (_token_past_embedding, "tokenizer.json: 'added_tokens[1]'"),
+        (lambda f: _edit(f, "tokenizer.json", lambda t: t.update(
+            normalizer={"type": "Replace", "pattern": {"Regex": "GUESS.*"}, "content": ""})),
+         "tokenizer.json: 'normalizer.pattern' is a regular expression"),
+        (lambda f: _edit(f, "tokenizer_config.json", lambda t: t.update(chat_template="{{ messages }}")),
+         "tokenizer_config.json: 'chat_template'"),
+        (lambda f: _edit(f, "config.json", lambda c: c.update(quantization_config={"quant_method": "awq"})),
+         "config.json: 'quantization_config'"),
+        (lambda f: _edit(f, "config.json", lambda c: c.update(model_type="llama")),
+         "config.json: 'model_type' is 'llama' but architecture Qwen2ForCausalLM needs 'qwen2'"),
+        (lambda f: _edit(f, "config.json", lambda c: c.update(rope_parameters={**c["rope_parameters"],
+                                                                                "auto_map": {"A": "x.B"}})),
+         "config.json: 'rope_parameters.auto_map'"),
+    ],
+)
+def test_uploads_that_could_fail_an_evaluation_are_refused(tmp_path, tiny_checkpoint, damage, expected):
+    """Refused at upload with INVALID_ARGUMENT naming the file and field; nothing is stored."""
+    folder = _copy(tiny_checkpoint, tmp_path)
+    damage(folder)
+    error = _refused(_store(tmp_path), upload_messages(folder), errors.INVALID_CHECKPOINT)
+    assert error.message.startswith(expected), error.message
