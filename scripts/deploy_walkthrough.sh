@@ -12,6 +12,7 @@
 #   OWNER_LISTEN [127.0.0.1:<free port>]   server.listen_address
 #   HEALTH_ADDRESS [127.0.0.1:<free port>] server.health_address (plaintext, health only)
 #   METRICS_PORT [<free port>]    [metrics] port (loopback)
+#   STATE_MARKER [beside config.toml]  storage.state_marker (outside the storage folder; must be writable)
 #   TRAINER_TARGET [OWNER_HOST:<listen port>]  what the trainer's [feedback] target says
 #   TRAINER_TLS_DIR [WORKDIR/trainer/tls]      where the trainer's TLS files are (as seen by it)
 #   TESTBED [small]               testbed whose feedback split becomes the demo held-out data
@@ -88,6 +89,9 @@ sed -i \
   -e "s|^allowed_clients = .*|allowed_clients = [\"$TRAINER_CN\"]|" \
   -e "/^\\[server\\]/a health_address = \"$HEALTH_ADDRESS\"" \
   "$NODE/config.toml"
+if [[ -n "${STATE_MARKER:-}" ]]; then
+  sed -i -e "/^\\[storage\\]/a state_marker = \"$STATE_MARKER\"" "$NODE/config.toml"
+fi
 cat >> "$NODE/config.toml" <<EOF
 
 [metrics]
