@@ -244,6 +244,29 @@ def positional_worker(conn, spec) -> None:
     worker_main(conn, spec)
 
 
+def per_row_keyed_worker(conn, spec) -> None:
+    """A REFERENCE, not a breakage: evaluation worker entry that generates each row on its own with
+    a seed derived from (request seed, row id), so a row's randomness depends on nothing else - what
+    issue 11 asks of the engine, built from today's pieces to show the add-one-row check passes on
+    a correct owner. (Written against today's worker.score_rows signature.)"""
+    import hashlib
+
+    from target_owner_node import worker
+
+    original = worker.score_rows
+
+    def score_rows(engine, examples, prompt_template, decoding):
+        scores = np.zeros(len(examples))
+        for position, example in enumerate(examples):
+            digest = hashlib.sha256(f"{decoding['seed']}:{example.id}".encode()).digest()
+            row_decoding = {**decoding, "seed": int.from_bytes(digest[:8], "big") >> 1}
+            scores[position] = original(engine, [example], prompt_template, row_decoding)[0]
+        return scores
+
+    worker.score_rows = score_rows
+    worker.worker_main(conn, spec)
+
+
 class SlowPerSampledRow:
     """(h) Time grows with the secret subsample: a random source that remembers how many rows the
     last Poisson draw kept, and a scorer wrapper that sleeps `per_row_s` for each of them."""
@@ -345,7 +368,8 @@ def worker_scorer(config: OwnerConfig, target: Callable | None = None):
 
 
 SLOW_PER_ROW_S = 0.010
-LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger")
+LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger",
+                    "reference_per_row_keys")
 
 
 def launch_breakage(kind: str, config: OwnerConfig) -> dict:
@@ -357,6 +381,8 @@ def launch_breakage(kind: str, config: OwnerConfig) -> dict:
         return {"scorer": worker_scorer(config, lenient_tokenizer_worker)}
     if kind == "positional_randomness":
         return {"scorer": worker_scorer(config, positional_worker)}
+    if kind == "reference_per_row_keys":
+        return {"scorer": worker_scorer(config, per_row_keyed_worker)}
     if kind == "slow_per_row":
         slow = SlowPerSampledRow(SLOW_PER_ROW_S)
         return {"scorer": slow.wrap(worker_scorer(config)), "random_source": slow}

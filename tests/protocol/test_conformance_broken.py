@@ -139,7 +139,7 @@ def test_launched_checks_skip_without_launch_cmd(base_node, tmp_path, monkeypatc
 def run_launched(base_node: Path, tmp_path: Path, monkeypatch, launch_cmd: str, only: list[str]) -> dict:
     """The launched checks with `launch_cmd`; the server under test (only used for the preflight) is the control."""
     return run_checks(build(base_node, tmp_path, "control", monkeypatch), only, launch_cmd=launch_cmd,
-                      ledger_path=harness.LEDGER_PATH, work_dir=tmp_path / "suite", latency_calls=30)
+                      ledger_path=harness.LEDGER_PATH, work_dir=tmp_path / "suite")
 
 
 @pytest.mark.slow
@@ -150,6 +150,15 @@ def test_suite_fails_the_launched_broken_owner_on_the_aimed_check(kind, base_nod
     assert result.result == "FAIL", f"{kind}: {check_id} gave {result.result}: {result.detail}"
     assert words in result.detail, result.detail
     assert "suite-launched owner" in result.detail
+
+
+@pytest.mark.slow
+def test_add_one_row_passes_against_an_owner_with_per_row_randomness(base_node, tmp_path, monkeypatch):
+    """Not vacuous: an owner built from today's pieces whose rows draw randomness from (seed, row id) passes."""
+    check_id = "privacy.shape.add_one_row"
+    command = harness.launch_command("reference_per_row_keys")
+    result = run_launched(base_node, tmp_path, monkeypatch, command, [check_id])[check_id]
+    assert result.result == "PASS", result.detail
 
 
 @pytest.mark.slow

@@ -253,32 +253,49 @@ def _short_context_files(ctx: SuiteContext, positions: int) -> list:
     return edit_json(edit_json(files, "config.json", shorten), "tokenizer_config.json", shorten_tokenizer)
 
 
+def _charge(before: pb.GetBudgetResponse, after: pb.GetBudgetResponse) -> str:
+    """'' when nothing was charged, else how the budget moved."""
+    if (after.epsilon_spent, after.releases_made) == (before.epsilon_spent, before.releases_made):
+        return ""
+    return (f" after charging the budget (epsilon spent {before.epsilon_spent:.6g} -> {after.epsilon_spent:.6g}, "
+            f"releases {before.releases_made} -> {after.releases_made})")
+
+
+def refused_before_charge(ctx: SuiteContext, what: str, request: pb.EvaluateRequest,
+                          reason: str | None = None, allow_success: bool = False) -> str:
+    """`request` must be refused with INVALID_ARGUMENT (and `reason`) and leave the budget unchanged;
+    with `allow_success` it may instead be evaluated. Returns the outcome in a few words."""
+    before = ctx.budget()
+    try:
+        ctx.evaluate(request)
+    except grpc.RpcError as error:
+        failure = describe_failure("Evaluate", error)
+    else:
+        expect(allow_success, f"{what}: evaluated{_charge(before, ctx.budget())}; expected INVALID_ARGUMENT "
+                              "before any charge")
+        return "evaluated"
+    charged = _charge(before, ctx.budget())
+    expect(failure.code == INVALID and not charged and (reason is None or failure.reason == reason),
+           f"{what}: ended {failure.code.name} {failure.reason or '(no ErrorInfo)'}{charged}; expected INVALID_ARGUMENT"
+           f"{' / ' + reason if reason else ''} before any charge: the request can never be evaluated")
+    return f"refused ({failure.reason})"
+
+
 def _short_context_case(ctx: SuiteContext) -> str:
     """A checkpoint whose context cannot hold a prompt plus max_new_tokens: refused at upload, refused
     before the charge, or evaluated - never charged and then failed."""
-    limits = ctx.info().decoding_limits
-    new_tokens = min(8, limits.max_new_tokens)
+    new_tokens = min(8, ctx.info().decoding_limits.max_new_tokens)
+    what = f"a checkpoint with a {new_tokens}-token context and max_new_tokens={new_tokens}"
     try:
         checkpoint_id = ctx.upload(upload_messages(_short_context_files(ctx, new_tokens)))
     except grpc.RpcError as error:
         failure = describe_failure("UploadCheckpoint", error)
-        expect(failure.code == INVALID, f"uploading a checkpoint with a {new_tokens}-token context failed with "
-                                        f"{failure.code.name} {failure.reason}, expected INVALID_ARGUMENT")
-        return f"a {new_tokens}-token context refused at upload"
+        expect(failure.code == INVALID, f"uploading {what}: {failure.code.name} {failure.reason}, expected "
+                                        "INVALID_ARGUMENT")
+        return f"{what}: refused at upload"
     decoding = pb.DecodingSettings(max_new_tokens=new_tokens, samples_per_prompt=1, temperature=0.0, seed=1)
-    before = ctx.budget()
-    try:
-        ctx.evaluate(ctx.evaluate_request([checkpoint_id], decoding=decoding))
-    except grpc.RpcError as error:
-        failure = describe_failure("Evaluate", error)
-        after = ctx.budget()
-        charged = (after.epsilon_spent, after.releases_made) != (before.epsilon_spent, before.releases_made)
-        expect(failure.code == INVALID and not charged,
-               f"Evaluate with max_new_tokens={new_tokens} on a checkpoint whose context is {new_tokens} tokens ended "
-               f"{failure.code.name} {failure.reason}{' after charging the budget' if charged else ''}: a request "
-               f"that can never be evaluated must be refused (INVALID_ARGUMENT) before the charge")
-        return f"a {new_tokens}-token context refused before the charge ({failure.reason})"
-    return f"a {new_tokens}-token context evaluated"
+    return f"{what}: " + refused_before_charge(ctx, what, ctx.evaluate_request([checkpoint_id], decoding=decoding),
+                                               allow_success=True)
 
 
 @check(
@@ -302,12 +319,10 @@ def evaluate_charge_then_fail(ctx: SuiteContext) -> str:
         "decoding.temperature = inf": pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1,
                                                           temperature=float("inf")),
     }
-    with ctx.budget_unchanged("requests that can never be evaluated"):
-        for what, decoding in cases.items():
-            ctx.expect_error(lambda d=decoding: ctx.evaluate(ctx.evaluate_request([known], decoding=d)), INVALID,
-                             None, what)
-        ctx.expect_error(lambda: ctx.evaluate(ctx.evaluate_request([random_checkpoint_id()])), INVALID,
-                         errors.UNKNOWN_CHECKPOINT, "a checkpoint id never uploaded")
+    for what, decoding in cases.items():
+        refused_before_charge(ctx, what, ctx.evaluate_request([known], decoding=decoding))
+    refused_before_charge(ctx, "a checkpoint id never uploaded", ctx.evaluate_request([random_checkpoint_id()]),
+                          errors.UNKNOWN_CHECKPOINT)
     ctx.require_releases(2, "the short-context case")
     short = _short_context_case(ctx)
     return f"{len(cases) + 1} requests refused with the budget unchanged; {short}"

@@ -121,7 +121,8 @@ def status_independent(ctx: SuiteContext) -> str:
     expect(not failed,
            f"{planted}; the owner accepted a tokenizer whose marker token (id {token_id}) it cannot embed, and "
            f"{sum(failed.values())} of {calls} evaluations failed ({dict(failed)}) while {statuses['OK']} "
-           f"succeeded: whether a call fails tells whether the secret subsample holds a marker row")
+           f"succeeded: evaluation fails on rows it cannot embed, so whether a call fails depends on whether the "
+           f"secret subsample holds a marker row")
     shapes = {shape for _, shape in outcomes}
     expect(len(shapes) == 1, f"{planted}; the {calls} responses have {len(shapes)} different shapes: {sorted(shapes)}")
     made = after.releases_made - before.releases_made
