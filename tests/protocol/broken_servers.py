@@ -318,9 +318,10 @@ def forget_deleted_ledger(config: OwnerConfig) -> None:
         shutil.rmtree(storage)
         storage.mkdir()
         folder = config.config_path.parent if config.config_path else storage.parent
-        for marker in folder.glob(".*"):
-            if marker.is_file():
-                marker.unlink()
+        markers = [m for m in folder.glob(".*") if m.is_file()]
+        declared = getattr(config.storage, "state_marker_path", None)   # issue 11's marker, once merged
+        for marker in markers + ([Path(declared)] if declared else []):
+            Path(marker).unlink(missing_ok=True)
 
 
 class SeedCheckingZeroScorer(ZeroScorer):
