@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,11 @@ _VOCAB_TEXTS = [
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ",
     "Question: how many? Final answer: \\boxed{42}",
 ]
-_SHAPE = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64, "max_position": 128}
+# The input embedding's tensor name per architecture family (Qwen2/Llama style, GPT-2).
+EMBEDDING_TENSORS = ("model.embed_tokens.weight", "transformer.wte.weight")
+# max_position: room for an owner's fixed prompt shape (left-padded to max_prompt_tokens) plus the
+# completion; rotary positions cost nothing to allow.
+_SHAPE = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64, "max_position": 1024}
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,6 @@ class CheckpointFile:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
 
 
 def _tokenizer_files() -> dict[str, bytes]:
@@ -146,6 +149,13 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
     return save(tensors, metadata={"format": "pt"})
 
 
+def suite_tokenizer_files() -> dict[str, bytes]:
+    """tokenizer.json and tokenizer_config.json of the suite's checkpoints (byte-level BPE, EOS id 0)."""
+    files = _tokenizer_files()
+    files.pop("_vocab_size")
+    return files
+
+
 def tiny_checkpoint_files(seed: int) -> list[CheckpointFile]:
     """The files of a valid tiny Qwen2 checkpoint (deterministic for a seed)."""
     tokenizer = _tokenizer_files()
@@ -215,6 +225,51 @@ def stream(messages: list[pb.UploadCheckpointRequest]) -> Iterator[pb.UploadChec
     yield from messages
 
 
+# -- editing a checkpoint's files ------------------------------------------------------------------
+def file_data(files: list[CheckpointFile], name: str) -> bytes:
+    return next(f.data for f in files if f.name == name)
+
+
+def replace_file(files: list[CheckpointFile], name: str, data: bytes) -> list[CheckpointFile]:
+    """`files` with `name` holding `data` (added when absent), sorted by name."""
+    kept = [f for f in files if f.name != name]
+    return sorted(kept + [CheckpointFile(name, data)], key=lambda f: f.name)
+
+
+def edit_json(files: list[CheckpointFile], name: str, edit) -> list[CheckpointFile]:
+    """`files` with the JSON object in `name` passed through `edit(obj) -> None` (in place)."""
+    value = json.loads(file_data(files, name))
+    edit(value)
+    return replace_file(files, name, json.dumps(value, indent=2).encode("utf-8"))
+
+
+def embedding_rows(files: list[CheckpointFile]) -> int:
+    """Rows of the input embedding, read from the safetensors header (no tensor is loaded)."""
+    weights = file_data(files, "model.safetensors")
+    (length,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8:8 + length])
+    for name in EMBEDDING_TENSORS:
+        if name in header:
+            return int(header[name]["shape"][0])
+    raise ValueError(f"model.safetensors holds none of the embedding tensors {EMBEDDING_TENSORS}")
+
+
+def with_added_token(files: list[CheckpointFile], content: str) -> tuple[list[CheckpointFile], int]:
+    """The checkpoint with one added token for `content` whose id is the embedding's row count:
+    out of range, so embedding it raises - exactly on prompts that contain `content` (the
+    membership attack of issue 11). Returns the files and the token id."""
+    token_id = embedding_rows(files)
+    data = tokenizer_with_token_past_embedding(file_data(files, "tokenizer.json"), token_id, content)
+    return replace_file(files, "tokenizer.json", data), token_id
+
+
+def with_token_past_embedding(
+    files: list[CheckpointFile], content: str = "CONFORMANCE-GUESS"
+) -> list[CheckpointFile]:
+    """The checkpoint with one added token for `content` one past the embedding (see with_added_token)."""
+    return with_added_token(files, content)[0]
+
+
 def tokenizer_with_token_past_embedding(tokenizer_json: bytes, rows: int, content: str) -> bytes:
     """tokenizer.json bytes with one added token, `content`, at id `rows`: one past the last
     embedding row. A server that accepts it fails Evaluate exactly when a sampled prompt holds
@@ -225,15 +280,3 @@ def tokenizer_with_token_past_embedding(tokenizer_json: bytes, rows: int, conten
         "normalized": False, "special": False,
     }]
     return json.dumps(tokenizer, ensure_ascii=False).encode("utf-8")
-
-
-def with_token_past_embedding(
-    files: list[CheckpointFile], content: str = "CONFORMANCE-GUESS"
-) -> list[CheckpointFile]:
-    """The checkpoint with tokenizer_with_token_past_embedding applied (rows = config vocab_size)."""
-    rows = json.loads(next(f.data for f in files if f.name == "config.json"))["vocab_size"]
-    return [
-        CheckpointFile(f.name, tokenizer_with_token_past_embedding(f.data, rows, content))
-        if f.name == "tokenizer.json" else f
-        for f in files
-    ]

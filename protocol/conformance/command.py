@@ -11,13 +11,31 @@ Run the target-feedback v1 conformance suite against a live server and print one
 check (PASS / FAIL / SKIP). Exits 1 if any check fails, 0 otherwise.
 
 Run it against a server nobody else is using at the time: budget checks compare GetBudget
-before and after the suite's own calls, and the suite spends some budget (about 50 releases;
+before and after the suite's own calls, and the suite spends some budget (about 55 releases;
 the exhaustion check, only with --allow-exhaust, spends all of it).
 
 Example (an owner's self-test on a fresh node folder):
   feedback-protocol conformance --target 127.0.0.1:50051 --ca node/pki/ca.pem \\
       --cert node/pki/client.pem --key node/pki/client.key --ca-key node/pki/ca.key \\
       --canaries canaries.txt --restart-cmd 'systemctl restart owner-node' --json report.json
+
+Checks that need an owner on the suite's OWN data (marker rows, one row added or removed,
+timing against the secret subsample, deleting the ledger) run only with --launch-cmd, on
+owners the suite starts and stops itself beside the server under test; without it they SKIP.
+The template is a shell command serving one owner in the foreground until SIGTERM, reporting
+SERVING on grpc.health.v1. Placeholders (filled and shell-quoted by the suite):
+  required  {heldout} JSONL rows (id, prompt, answer, verifier)   {port} on 127.0.0.1
+            {workdir} empty folder for all its state (reused on relaunch)
+            {ca_cert} CA of the suite's client cert (CN trainer)   {server_cert} {server_key}
+  optional  {dp} true|false   {sample_rate}   {epsilon}   {planned_releases}
+            {owner_options}  the four above as target-owner-node launch flags
+--ledger-path names that owner's ledger file, e.g. '{workdir}/storage/privacy_ledger.jsonl'.
+This project's owner:
+  --launch-cmd 'target-owner-node launch --heldout {heldout} --port {port} --workdir {workdir}
+      --ca {ca_cert} --cert {server_cert} --key {server_key} {owner_options}'
+  --ledger-path '{workdir}/storage/privacy_ledger.jsonl'
+The suite sees only statuses, bytes and latency: not memory, logs, metrics or other ports
+(see protocol/conformance/launcher.py for the full contract).
 """
 
 
@@ -43,6 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--noise-releases", type=int, default=30, metavar="R", help="releases for the noise check (default 30)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N", help="concurrent clients (default 8)")
     parser.add_argument("--fuzz-examples", type=int, default=60, metavar="N", help="fuzzed requests per RPC (default 60)")
+    parser.add_argument("--launch-cmd", metavar="TEMPLATE",
+                        help="shell command template that starts an owner on the suite's data (see above); enables "
+                             "the status, add-one-row, latency and ledger-deletion checks")
+    parser.add_argument("--ledger-path", metavar="TEMPLATE",
+                        help="the launched owner's ledger file, with {workdir} (enables the ledger-deletion check)")
+    parser.add_argument("--launch-timeout", type=float, default=180.0, metavar="S",
+                        help="seconds a launched owner may take to report SERVING (default 180)")
+    parser.add_argument("--status-calls", type=int, default=8, metavar="N",
+                        help="evaluations of the status-independence check (default 8)")
+    parser.add_argument("--latency-calls", type=int, default=60, metavar="K",
+                        help="timed releases of the latency check (default 60, at least 10)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
 
 
@@ -77,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             ca_key=args.ca_key, rogue_ca_dir=args.rogue_ca_dir, allow_exhaust=args.allow_exhaust,
             only=[item.strip() for item in args.only.split(",") if item.strip()] if args.only else None,
             checkpoint_dir=args.checkpoint, noise_releases=args.noise_releases, concurrency=args.concurrency,
-            fuzz_examples=args.fuzz_examples,
+            fuzz_examples=args.fuzz_examples, launch_cmd=args.launch_cmd, ledger_path=args.ledger_path,
+            launch_timeout_s=args.launch_timeout, status_calls=args.status_calls, latency_calls=args.latency_calls,
         )
         from protocol.conformance.registry import select_checks
 

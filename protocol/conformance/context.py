@@ -23,6 +23,7 @@ from protocol.conformance.checkpoints import (
     upload_messages,
 )
 from protocol.conformance.connection import Connection, Identity, plaintext_connection, secure_connection
+from protocol.conformance.launcher import LaunchTemplate, LedgerPathTemplate, OwnerLauncher
 from protocol.conformance.options import SuiteOptions
 from protocol.conformance.recorder import Failure, Recorder, describe_failure
 from protocol.conformance.registry import CheckFailed, CheckSkipped
@@ -63,6 +64,7 @@ class SuiteContext:
         self.noise_values: list[float] | None = None
         self.restart: RestartObservation | None = None
         self.rogue = None                                    # protocol.conformance.pki.RoguePki, lazily
+        self._launcher: OwnerLauncher | None = None
         self.provoked = False                                # failures provoked on every RPC already
 
     # -- connections -------------------------------------------------------------------------
@@ -209,6 +211,17 @@ class SuiteContext:
             room = budget.client_epsilon_cap - budget.client_epsilon_spent
             if per_release > 0 and room / per_release < needed:
                 raise CheckSkipped(f"{what} needs {needed} releases; the per-client cap leaves about {room / per_release:.0f}")
+
+    # -- owners the suite launches on its own data ----------------------------------------------
+    def launcher(self, what: str) -> OwnerLauncher:
+        """The --launch-cmd launcher; SKIP (saying what is missing) without one."""
+        if self.options.launch_cmd is None:
+            raise CheckSkipped(f"no --launch-cmd given: {what} needs an owner the suite launches on its own data")
+        if self._launcher is None:
+            ledger = LedgerPathTemplate(self.options.ledger_path) if self.options.ledger_path else None
+            self._launcher = OwnerLauncher(LaunchTemplate(self.options.launch_cmd), self.work_dir / "launched",
+                                           self.options.launch_timeout_s, ledger)
+        return self._launcher
 
     # -- restarts ------------------------------------------------------------------------------
     def wait_serving(self, timeout_s: float) -> None:

@@ -8,6 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.conformance.launcher import LaunchTemplate, LedgerPathTemplate
+
+MIN_LATENCY_CALLS = 10
+
 
 @dataclass
 class SuiteOptions:
@@ -15,7 +19,8 @@ class SuiteOptions:
 
     `restart` is a callable that restarts the server (returns once the restart was started;
     the suite then waits for health SERVING). The CLI builds it from --restart-cmd; library
-    users (tests) may pass a Python function instead.
+    users (tests) may pass a Python function instead. `launch_cmd` / `ledger_path` enable the
+    checks that need an owner on the suite's own data (protocol/conformance/launcher.py).
     """
 
     target: str                                   # HOST:PORT
@@ -44,15 +49,28 @@ class SuiteOptions:
     restart_timeout_s: float = 120.0              # how long to wait for SERVING after a restart
     max_exhaust_releases: int = 300               # the exhaustion check refuses to spend more than this
     max_new_tokens: int = 4                       # decoding of the suite's own releases (kept cheap)
+    launch_cmd: str | None = None                 # template that starts an owner on suite data (launcher.py)
+    ledger_path: str | None = None                # template of that owner's ledger file, with {workdir}
+    launch_timeout_s: float = 180.0               # how long a launched owner may take to report SERVING
+    status_calls: int = 8                         # evaluations of the status-independence check
+    latency_calls: int = 60                       # K timed releases of the latency check
 
     def __post_init__(self) -> None:
-        for name in ("noise_releases", "concurrency", "fuzz_examples", "max_exhaust_releases", "max_new_tokens"):
+        for name in ("noise_releases", "concurrency", "fuzz_examples", "max_exhaust_releases", "max_new_tokens",
+                     "status_calls"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SuiteOptions.{name} must be >= 1, got {getattr(self, name)}")
         if self.noise_releases < 3:
             raise ValueError(f"SuiteOptions.noise_releases must be >= 3 to estimate a variance, got {self.noise_releases}")
         if not 0 < self.noise_alpha < 0.5:
             raise ValueError(f"SuiteOptions.noise_alpha must be in (0, 0.5), got {self.noise_alpha}")
+        if self.latency_calls < MIN_LATENCY_CALLS:
+            raise ValueError(f"SuiteOptions.latency_calls must be >= {MIN_LATENCY_CALLS} for a correlation test, "
+                             f"got {self.latency_calls}")
+        if self.launch_cmd is not None:
+            LaunchTemplate(self.launch_cmd)       # raises ValueError naming the flag and placeholder
+        if self.ledger_path is not None:
+            LedgerPathTemplate(self.ledger_path)
         for name in ("ca", "cert", "key", "ca_key", "checkpoint_dir"):
             value = getattr(self, name)
             if value is not None:

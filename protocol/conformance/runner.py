@@ -16,7 +16,7 @@ from protocol.conformance.options import SuiteOptions
 from protocol.conformance.recorder import describe_failure
 from protocol.conformance.registry import Check, CheckFailed, CheckSkipped, select_checks
 
-SUITE_VERSION = "1.0"
+SUITE_VERSION = "1.1"
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
 

@@ -5,6 +5,10 @@ Every server is the real `target_owner_node.server.start_server` on a node folde
 `target-owner-node init` (small testbed, canaries planted). A model-free scorer (every row
 scores 0, like the suite's random checkpoint) keeps them fast; breakages are applied by
 wrapping the real pieces, never by editing target_owner_node/.
+
+Issue 11's breakages that need an owner on the suite's own data (--launch-cmd) run in a
+dedicated process started by conformance_harness.py's `launch` (see `launch_breakage`): there
+the real evaluation worker runs, with its entry point wrapped where the breakage lives in it.
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ class InProcessServer:
     mutate: Callable[[RunningServer], None] = lambda running: None
     on_restart: Callable[[OwnerConfig], None] = lambda config: None
     random_source: object | None = None
+    scorer: object = field(default_factory=lambda: ZeroScorer())
     running: RunningServer | None = field(default=None, init=False)
     port: int = 0
 
     def start(self) -> InProcessServer:
-        self.running = start_server(self.config, f"127.0.0.1:{self.port}", scorer=ZeroScorer(),
+        self.running = start_server(self.config, f"127.0.0.1:{self.port}", scorer=self.scorer,
                                     random_source=self.random_source)
         self.port = self.running.port
         self.mutate(self.running)
@@ -170,3 +175,221 @@ def fast_exact_rdp(monkeypatch) -> None:
 
 def node_config(node_dir: Path) -> OwnerConfig:
     return load_config(node_dir / "config.toml")
+
+
+# -- issue 11: the shape of a release --------------------------------------------------------------
+def _view_with(path: Path, replacements: dict[str, bytes]):
+    """A temporary folder of hard links to `path`'s files, with `replacements` written instead."""
+    import contextlib
+    import os
+    import tempfile
+
+    @contextlib.contextmanager
+    def view():
+        with tempfile.TemporaryDirectory(dir=Path(path).parent) as folder:
+            for item in Path(path).iterdir():
+                target = Path(folder) / item.name
+                if item.name in replacements:
+                    target.write_bytes(replacements[item.name])
+                else:
+                    os.link(item, target)
+            yield Path(folder)
+
+    return view()
+
+
+def lenient_about_tokenizers(check: Callable) -> Callable:
+    """`check` (a checkpoint-folder validator) run on a view whose tokenizer files are the suite's
+    own benign ones: whatever the upload's tokenizer holds is never looked at."""
+    from protocol.conformance.checkpoints import suite_tokenizer_files
+
+    def lenient(path, *args, **kwargs):
+        with _view_with(Path(path), suite_tokenizer_files()) as view:
+            return check(view, *args, **kwargs)
+
+    return lenient
+
+
+def accept_any_tokenizer(monkeypatch=None) -> None:
+    """(f) Upload validation never sees the tokenizer (out-of-range ids, regexes, dropout pass).
+    With monkeypatch=None (a dedicated launched process) the patch is simply applied."""
+    import target_owner_node.checkpoint_store as store
+
+    lenient = lenient_about_tokenizers(store.validate_checkpoint_dir)
+    if monkeypatch is None:
+        store.validate_checkpoint_dir = lenient
+    else:
+        monkeypatch.setattr(store, "validate_checkpoint_dir", lenient)
+
+
+def lenient_tokenizer_worker(conn, spec) -> None:
+    """Evaluation worker entry whose loader check skips the tokenizer too (pairs with accept_any_tokenizer)."""
+    from rlvr_core.models import loading
+    from target_owner_node.worker import worker_main
+
+    loading.check_model_dir = lenient_about_tokenizers(loading.check_model_dir)
+    worker_main(conn, spec)
+
+
+def positional_worker(conn, spec) -> None:
+    """(g) Evaluation worker entry whose engine keys each row's random stream by its POSITION in
+    the list of prompts (row keys dropped), as the engine did before issue 11."""
+    from rlvr_core.engines.transformers_engine import TransformersEngine
+    from target_owner_node.worker import worker_main
+
+    original = TransformersEngine.generate
+
+    def generate(self, prompts, num_samples, params, row_keys=None, **kwargs):
+        return original(self, prompts, num_samples, params, **kwargs)
+
+    TransformersEngine.generate = generate
+    worker_main(conn, spec)
+
+
+def per_row_keyed_worker(conn, spec) -> None:
+    """A REFERENCE, not a breakage: evaluation worker entry that generates each row on its own with
+    a seed derived from (request seed, row id), so a row's randomness depends on nothing else - what
+    issue 11 asks of the engine, built from today's pieces to show the add-one-row check passes on
+    a correct owner. (Written against today's worker.score_rows signature.)"""
+    import hashlib
+
+    from target_owner_node import worker
+
+    original = worker.score_rows
+
+    def score_rows(engine, examples, prompt_template, decoding):
+        scores = np.zeros(len(examples))
+        for position, example in enumerate(examples):
+            digest = hashlib.sha256(f"{decoding['seed']}:{example.id}".encode()).digest()
+            row_decoding = {**decoding, "seed": int.from_bytes(digest[:8], "big") >> 1}
+            scores[position] = original(engine, [example], prompt_template, row_decoding)[0]
+        return scores
+
+    worker.score_rows = score_rows
+    worker.worker_main(conn, spec)
+
+
+class SlowPerSampledRow:
+    """(h) Time grows with the secret subsample: a random source that remembers how many rows the
+    last Poisson draw kept, and a scorer wrapper that sleeps `per_row_s` for each of them."""
+
+    def __init__(self, per_row_s: float) -> None:
+        self.per_row_s = per_row_s
+        self._real = SecureRandom()
+        self.sampled = 0
+
+    def bernoulli_mask(self, n: int, p: float) -> np.ndarray:
+        mask = self._real.bernoulli_mask(n, p)
+        self.sampled = int(np.count_nonzero(mask))
+        return mask
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def wrap(self, scorer) -> SlowScorer:
+        return SlowScorer(scorer, self)
+
+
+@dataclass
+class SlowScorer:
+    inner: object
+    slow: SlowPerSampledRow
+
+    def score(self, split, checkpoints, indices, decoding) -> np.ndarray:
+        import time
+
+        if split == "feedback":
+            time.sleep(self.slow.per_row_s * self.slow.sampled)
+        return self.inner.score(split, checkpoints, indices, decoding)
+
+    def start(self) -> None:
+        getattr(self.inner, "start", lambda: None)()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def forget_deleted_ledger(config: OwnerConfig) -> None:
+    """(i) Before start: when the ledger file is gone, also drop what would reveal the old spend
+    (the audit log, the rest of storage, state markers beside the config), so the node starts with
+    a fresh budget - what a node without a ledger/audit cross-check does."""
+    from target_owner_node.ledger import LEDGER_FILE
+
+    storage = config.storage.dir
+    if storage.is_dir() and any(storage.iterdir()) and not (storage / LEDGER_FILE).exists():
+        shutil.rmtree(storage)
+        storage.mkdir()
+        folder = config.config_path.parent if config.config_path else storage.parent
+        markers = [m for m in folder.glob(".*") if m.is_file()]
+        declared = getattr(config.storage, "state_marker_path", None)   # issue 11's marker, once merged
+        for marker in markers + ([Path(declared)] if declared else []):
+            Path(marker).unlink(missing_ok=True)
+
+
+class SeedCheckingZeroScorer(ZeroScorer):
+    """Scores 0 like ZeroScorer, but refuses a decoding the engine refuses (seed range etc.), as the
+    real evaluation worker does - after the charge."""
+
+    def score(self, split, checkpoints, indices, decoding) -> np.ndarray:
+        from rlvr_core.engines.base import SamplingParams
+        from rlvr_core.engines.sampling import validate_params
+
+        validate_params(SamplingParams(max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
+                                       seed=decoding.seed), decoding.samples_per_prompt)
+        return super().score(split, checkpoints, indices, decoding)
+
+
+def seed_unchecked_before_charge(monkeypatch) -> None:
+    """(j) Evaluate validation lets any seed through (it validates a copy with seed 0 and puts the
+    real seed back), so an out-of-range seed is charged and then fails in the engine."""
+    import dataclasses
+
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from target_owner_node import server
+
+    original = server.parse_evaluate_request
+
+    def parse(request, *args, **kwargs):
+        masked = pb.EvaluateRequest()
+        masked.CopyFrom(request)
+        masked.decoding.seed = 0
+        inputs = original(masked, *args, **kwargs)
+        return dataclasses.replace(inputs, decoding=dataclasses.replace(inputs.decoding, seed=int(request.decoding.seed)))
+
+    monkeypatch.setattr(server, "parse_evaluate_request", parse)
+
+
+def worker_scorer(config: OwnerConfig, target: Callable | None = None):
+    """The real evaluation worker of `config` (optionally with another entry point)."""
+    from rlvr_core.tasks.io import read_examples
+    from target_owner_node.evaluator import WorkerScorer
+    from target_owner_node.node import worker_spec
+    from target_owner_node.worker import worker_main
+
+    sizes = {"feedback": len(read_examples(config.data.heldout_path))}
+    return WorkerScorer(worker_spec(config), config.evaluation.timeout_s, sizes, target=target or worker_main)
+
+
+SLOW_PER_ROW_S = 0.010
+LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger",
+                    "reference_per_row_keys")
+
+
+def launch_breakage(kind: str, config: OwnerConfig) -> dict:
+    """Apply breakage `kind` in this (dedicated) process; returns extra start_server arguments."""
+    if kind == "none":
+        return {}
+    if kind == "accepts_any_tokenizer":
+        accept_any_tokenizer()
+        return {"scorer": worker_scorer(config, lenient_tokenizer_worker)}
+    if kind == "positional_randomness":
+        return {"scorer": worker_scorer(config, positional_worker)}
+    if kind == "reference_per_row_keys":
+        return {"scorer": worker_scorer(config, per_row_keyed_worker)}
+    if kind == "slow_per_row":
+        slow = SlowPerSampledRow(SLOW_PER_ROW_S)
+        return {"scorer": slow.wrap(worker_scorer(config)), "random_source": slow}
+    if kind == "forgets_deleted_ledger":
+        forget_deleted_ledger(config)
+        return {}
+    raise ValueError(f"unknown breakage {kind!r}; known: {', '.join(LAUNCH_BREAKAGES)}")

@@ -7,6 +7,12 @@ Run as a script it is also the suite's --restart-cmd:
     python tests/protocol/conformance_harness.py restart --dir NODE --port P
     python tests/protocol/conformance_harness.py stop    --dir NODE
 
+and a test-only --launch-cmd: the real server, in the foreground, on the suite's held-out file,
+with one of broken_servers.LAUNCH_BREAKAGES applied (`launch_command(kind)` gives the template):
+
+    python tests/protocol/conformance_harness.py launch --break KIND --heldout F --port P \
+        --workdir DIR --ca F --cert F --key F [--no-dp] [--sample-rate Q] [--epsilon E] [--planned-releases N]
+
 The server is started from this short-lived script, so it is not a child of the test process
 (its exit is reaped by init and "is it gone?" can be answered from /proc). Its pid is kept in
 NODE/server.pid and its output in NODE/server.log.
@@ -156,12 +162,107 @@ def restart_command(directory: Path, port: int) -> str:
     return f"{sys.executable} {script} restart --dir {directory} --port {port}"
 
 
+LAUNCH_CONFIG = """\
+[data]
+heldout_path = {heldout}
+min_heldout_size = {min_rows}
+verifier = "per_example"
+
+[evaluation]
+max_new_tokens = 16
+max_samples_per_prompt = 8
+batch_size = 16
+timeout_s = 600
+
+[privacy]
+enabled = {dp}
+epsilon_budget = {epsilon}
+delta = 1e-6
+planned_releases = {planned_releases}
+sample_rate = {sample_rate}
+
+[tls]
+ca_cert = {ca}
+server_cert = {cert}
+server_key = {key}
+
+[server]
+shutdown_grace_s = 3.0
+drain_delay_s = 0.1
+
+[storage]
+dir = "storage"
+"""
+
+
+def write_launch_config(args: argparse.Namespace) -> Path:
+    """The config of a launched owner: the given held-out file and certificates, storage in the work folder."""
+    import json
+
+    rows = sum(1 for line in Path(args.heldout).read_text().splitlines() if line.strip())
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    path = args.workdir / "config.toml"
+    path.write_text(LAUNCH_CONFIG.format(
+        heldout=json.dumps(str(Path(args.heldout).resolve())), min_rows=min(100, rows),
+        dp="false" if args.no_dp else "true", epsilon=repr(args.epsilon), planned_releases=args.planned_releases,
+        sample_rate=repr(args.sample_rate), **{k: json.dumps(str(Path(getattr(args, k)).resolve()))
+                                               for k in ("ca", "cert", "key")}))
+    return path
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Serve like `target-owner-node serve`, with the breakage applied, until SIGTERM."""
+    import threading
+
+    from target_owner_node.config import load_config
+    from target_owner_node.server import start_server
+    from tests.protocol.broken_servers import launch_breakage
+
+    config = load_config(write_launch_config(args))
+    running = start_server(config, f"127.0.0.1:{args.port}", **launch_breakage(args.break_kind, config))
+    stop_event = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop_event.set())
+    print(f"listening on 127.0.0.1:{running.port}", flush=True)
+    start_worker = getattr(running.node.scorer, "start", None)
+    if start_worker is not None:
+        threading.Thread(target=start_worker, daemon=True).start()
+    while not stop_event.wait(0.2):
+        pass
+    running.shutdown()
+    return 0
+
+
+def launch_command(kind: str = "none") -> str:
+    """A --launch-cmd template running this script's `launch` with breakage `kind`."""
+    script = Path(__file__).resolve()
+    return (f"{sys.executable} {script} launch --break {kind} --heldout {{heldout}} --port {{port}} "
+            "--workdir {workdir} --ca {ca_cert} --cert {server_cert} --key {server_key} {owner_options}")
+
+
+LEDGER_PATH = "{workdir}/storage/privacy_ledger.jsonl"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="start/stop/restart an owner node for the conformance tests")
-    parser.add_argument("action", choices=["start", "stop", "restart"])
-    parser.add_argument("--dir", type=Path, required=True)
+    parser = argparse.ArgumentParser(description="start/stop/restart/launch an owner node for the conformance tests")
+    parser.add_argument("action", choices=["start", "stop", "restart", "launch"])
+    parser.add_argument("--dir", type=Path)
     parser.add_argument("--port", type=int)
+    parser.add_argument("--break", dest="break_kind", default="none", help="launch: the breakage to apply")
+    parser.add_argument("--heldout", type=Path)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--ca", type=Path)
+    parser.add_argument("--cert", type=Path)
+    parser.add_argument("--key", type=Path)
+    parser.add_argument("--no-dp", action="store_true")
+    parser.add_argument("--sample-rate", type=float, default=0.1)
+    parser.add_argument("--epsilon", type=float, default=4.0)
+    parser.add_argument("--planned-releases", type=int, default=500)
     args = parser.parse_args(argv)
+    if args.action == "launch":
+        return launch(args)
+    if args.dir is None:
+        parser.error(f"{args.action} needs --dir")
     if args.action in ("stop", "restart"):
         stop(args.dir)
     if args.action in ("start", "restart"):

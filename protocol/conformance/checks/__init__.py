@@ -9,5 +9,6 @@ from protocol.conformance.checks import (  # noqa: F401
     liveness,
     mtls,
     noise,
+    shape,
     uploads,
 )

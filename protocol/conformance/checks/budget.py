@@ -228,3 +228,46 @@ def exhaustion(ctx: SuiteContext) -> str:
     problems = error_contract_problems(ctx.recorder.failures_since(mark))
     expect(not problems, f"error contract broken at exhaustion: {problems[:3]}")
     return f"{made} releases then {refusal.reason}; spent {at_refusal.epsilon_spent:.4g} of {budget_total:g}"
+
+
+@check(
+    "budget.ledger_deletion_detected",
+    title="Deleting the ledger file does not reset the budget (suite-launched owner)",
+    rationale="""The suite launches an owner (DP on), makes one DP release, stops it, deletes the file that
+    --ledger-path names, and launches the same owner again on the same work folder. It must refuse to start
+    (exit, or never report SERVING within the launch timeout) or report an epsilon_spent and releases_made at
+    least as large as before: a node that starts with a fresh budget when its ledger is gone lets every
+    deletion buy a new budget. Nothing is restored afterwards (the folder is the suite's). Needs --launch-cmd and
+    --ledger-path.""",
+    order=115,
+)
+def ledger_deletion_detected(ctx: SuiteContext) -> str:
+    from protocol.conformance.checkpoints import tiny_checkpoint_files
+    from protocol.conformance.heldout_file import arithmetic_rows
+    from protocol.conformance.launcher import LaunchSettings
+
+    launcher = ctx.launcher("the ledger-deletion check")
+    if launcher.ledger_path is None:
+        raise CheckSkipped("no --ledger-path given: the suite does not know which file is the launched owner's ledger")
+    rows, settings = arithmetic_rows(40, "ledger"), LaunchSettings(dp=True, sample_rate=0.5, planned_releases=20)
+    workdir = launcher.new_workdir("ledger")
+    decoding = pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1, temperature=0.0, seed=0)
+    with launcher.owner(rows, settings, workdir).start_serving() as owner:
+        if not owner.info().privacy.enabled:
+            raise CheckSkipped("the launched owner runs with DP off although the launch asked for {dp}=true")
+        owner.evaluate([owner.upload(tiny_checkpoint_files(0))], decoding)
+        before = owner.budget()
+    ledger = launcher.ledger_path.path(workdir)
+    expect(ledger.is_file(), f"after a DP release the launched owner has no file at --ledger-path {ledger}: "
+                             "the template does not name its ledger")
+    ledger.unlink()
+    where = f"suite-launched owner relaunched after deleting {ledger.name}"
+    with launcher.owner(rows, settings, workdir) as owner:
+        outcome = owner.start()
+        if not outcome.serving:
+            return f"{where}: it refused to start ({outcome.describe()}); spent {before.epsilon_spent:.4g} before"
+        after = owner.budget()
+    expect(after.epsilon_spent >= before.epsilon_spent - 1e-12 and after.releases_made >= before.releases_made,
+           f"{where}: it started and reports epsilon_spent {after.epsilon_spent:.6g} and {after.releases_made} releases; "
+           f"before the deletion {before.epsilon_spent:.6g} and {before.releases_made}: deleting the ledger reset the budget")
+    return f"{where}: it serves and still reports spent {after.epsilon_spent:.4g} >= {before.epsilon_spent:.4g}"

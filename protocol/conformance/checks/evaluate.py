@@ -234,3 +234,95 @@ def evaluate_split(ctx: SuiteContext) -> str:
     expect(a.accuracy == b.accuracy, f"test split is not exact: {a.accuracy} then {b.accuracy}")
     expect(all(0 <= v <= 1 for v in a.domain_accuracy.values()), "a domain accuracy outside [0, 1]")
     return f"test accuracy {a.accuracy:.4f} over {info.test_size} rows, {len(a.domain_accuracy)} domains"
+
+
+SEED_LIMIT = 2**63   # engines take seeds in [0, 2**63); the wire field is uint64
+
+
+def _short_context_files(ctx: SuiteContext, positions: int) -> list:
+    """The suite's checkpoint with a context of only `positions` tokens (prompt + completion)."""
+    from protocol.conformance.checkpoints import edit_json
+
+    def shorten(config: dict) -> None:
+        config["max_position_embeddings"] = positions
+
+    def shorten_tokenizer(config: dict) -> None:
+        config["model_max_length"] = positions
+
+    files = with_nonce(ctx.checkpoint_files(), uuid.uuid4().hex)
+    return edit_json(edit_json(files, "config.json", shorten), "tokenizer_config.json", shorten_tokenizer)
+
+
+def _charge(before: pb.GetBudgetResponse, after: pb.GetBudgetResponse) -> str:
+    """'' when nothing was charged, else how the budget moved."""
+    if (after.epsilon_spent, after.releases_made) == (before.epsilon_spent, before.releases_made):
+        return ""
+    return (f" after charging the budget (epsilon spent {before.epsilon_spent:.6g} -> {after.epsilon_spent:.6g}, "
+            f"releases {before.releases_made} -> {after.releases_made})")
+
+
+def refused_before_charge(ctx: SuiteContext, what: str, request: pb.EvaluateRequest,
+                          reason: str | None = None, allow_success: bool = False) -> str:
+    """`request` must be refused with INVALID_ARGUMENT (and `reason`) and leave the budget unchanged;
+    with `allow_success` it may instead be evaluated. Returns the outcome in a few words."""
+    before = ctx.budget()
+    try:
+        ctx.evaluate(request)
+    except grpc.RpcError as error:
+        failure = describe_failure("Evaluate", error)
+    else:
+        expect(allow_success, f"{what}: evaluated{_charge(before, ctx.budget())}; expected INVALID_ARGUMENT "
+                              "before any charge")
+        return "evaluated"
+    charged = _charge(before, ctx.budget())
+    expect(failure.code == INVALID and not charged and (reason is None or failure.reason == reason),
+           f"{what}: ended {failure.code.name} {failure.reason or '(no ErrorInfo)'}{charged}; expected INVALID_ARGUMENT"
+           f"{' / ' + reason if reason else ''} before any charge: the request can never be evaluated")
+    return f"refused ({failure.reason})"
+
+
+def _short_context_case(ctx: SuiteContext) -> str:
+    """A checkpoint whose context cannot hold a prompt plus max_new_tokens: refused at upload, refused
+    before the charge, or evaluated - never charged and then failed."""
+    new_tokens = min(8, ctx.info().decoding_limits.max_new_tokens)
+    what = f"a checkpoint with a {new_tokens}-token context and max_new_tokens={new_tokens}"
+    try:
+        checkpoint_id = ctx.upload(upload_messages(_short_context_files(ctx, new_tokens)))
+    except grpc.RpcError as error:
+        failure = describe_failure("UploadCheckpoint", error)
+        expect(failure.code == INVALID, f"uploading {what}: {failure.code.name} {failure.reason}, expected "
+                                        "INVALID_ARGUMENT")
+        return f"{what}: refused at upload"
+    decoding = pb.DecodingSettings(max_new_tokens=new_tokens, samples_per_prompt=1, temperature=0.0, seed=1)
+    return f"{what}: " + refused_before_charge(ctx, what, ctx.evaluate_request([checkpoint_id], decoding=decoding),
+                                               allow_success=True)
+
+
+@check(
+    "evaluate.refuse.charge_then_fail",
+    title="Requests that can never be evaluated are refused before the charge (INVALID_ARGUMENT, budget unchanged)",
+    rationale="""A request that passes validation and is charged must not then fail for a reason knowable before
+    the charge: it would spend budget, leave a pending ledger entry and fail again on every retry. A seed of 2**63
+    and 2**64-1 (the wire field is uint64, engines take [0, 2**63)), a checkpoint id never uploaded and a NaN or
+    infinite temperature must each be refused with INVALID_ARGUMENT with GetBudget's epsilon_spent and
+    releases_made unchanged. A checkpoint whose context (8 tokens) cannot hold a prompt plus max_new_tokens must
+    be refused at upload, refused before the charge, or evaluated.""",
+    order=38,
+)
+def evaluate_charge_then_fail(ctx: SuiteContext) -> str:
+    known = ctx.checkpoint_id()
+    cases = {
+        "decoding.seed = 2**63": pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1, seed=SEED_LIMIT),
+        "decoding.seed = 2**64-1": pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1, seed=2**64 - 1),
+        "decoding.temperature = nan": pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1,
+                                                          temperature=float("nan")),
+        "decoding.temperature = inf": pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1,
+                                                          temperature=float("inf")),
+    }
+    for what, decoding in cases.items():
+        refused_before_charge(ctx, what, ctx.evaluate_request([known], decoding=decoding))
+    refused_before_charge(ctx, "a checkpoint id never uploaded", ctx.evaluate_request([random_checkpoint_id()]),
+                          errors.UNKNOWN_CHECKPOINT)
+    ctx.require_releases(2, "the short-context case")
+    short = _short_context_case(ctx)
+    return f"{len(cases) + 1} requests refused with the budget unchanged; {short}"

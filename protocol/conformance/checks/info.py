@@ -21,9 +21,9 @@ PUBLIC_INFO_FIELDS = frozenset({
     "prompt_template", "test_split_enabled", "test_size", "test_domains",
     "privacy", "privacy.enabled", "privacy.epsilon_budget", "privacy.delta", "privacy.planned_releases",
     "privacy.sample_rate", "privacy.noise_multiplier", "privacy.accountant", "privacy.expected_sample_size",
-    "privacy.noise_std", "privacy.per_client_epsilon_cap",
+    "privacy.noise_std", "privacy.per_client_epsilon_cap", "privacy.rows_per_query", "privacy.row_cap_tail",
     "decoding_limits", "decoding_limits.max_new_tokens", "decoding_limits.max_samples_per_prompt",
-    "decoding_limits.max_candidates_per_query",
+    "decoding_limits.max_candidates_per_query", "decoding_limits.max_prompt_tokens",
     "upload_limits", "upload_limits.max_checkpoint_bytes", "upload_limits.max_chunk_bytes",
     "upload_limits.allowed_architectures", "upload_limits.allowed_file_names",
 })
@@ -174,3 +174,72 @@ def get_budget_contract(ctx: SuiteContext) -> str:
     expect(not problems, "; ".join(problems))
     return (f"spent {first.epsilon_spent:.4g} of {first.epsilon_budget:g}, {first.releases_made} releases made, "
             f"~{first.releases_remaining_estimate} remain")
+
+
+def fixed_shape_problems(info: pb.GetInfoResponse) -> list[str]:
+    """What is missing or inconsistent in the declared fixed shapes (empty when sound)."""
+    from scipy import stats
+
+    p: list[str] = []
+    if info.decoding_limits.max_prompt_tokens < 1:
+        p.append(f"decoding_limits.max_prompt_tokens = {info.decoding_limits.max_prompt_tokens}: no fixed prompt "
+                 "shape is declared")
+    q = info.privacy
+    if not q.enabled:
+        return p
+    if q.rows_per_query < q.expected_sample_size:
+        p.append(f"privacy.rows_per_query = {q.rows_per_query} < expected_sample_size {q.expected_sample_size:g}: "
+                 "no fixed number of rows per query is declared")
+    if not 0 <= q.row_cap_tail < 1:
+        p.append(f"privacy.row_cap_tail = {q.row_cap_tail:g} is not in [0, 1)")
+    elif q.rows_per_query >= 1 and 0 < q.sample_rate <= 1:
+        # P(Binomial(N, q) > rows_per_query): the declared tail must not understate it.
+        tail = float(stats.binom.sf(q.rows_per_query, info.heldout_size, q.sample_rate))
+        if q.row_cap_tail < tail * (1 - 1e-6) - 1e-15:
+            p.append(f"privacy.row_cap_tail = {q.row_cap_tail:.3g} understates P(subsample > rows_per_query) = "
+                     f"{tail:.3g} for N={info.heldout_size}, q={q.sample_rate:g}")
+    return p
+
+
+@check(
+    "info.fixed_shape_declared",
+    title="GetInfo declares the public fixed shapes: max_prompt_tokens and, with DP, rows_per_query and row_cap_tail",
+    rationale="""A query's time and memory may depend only on public parameters: every prompt is padded or cut to
+    decoding_limits.max_prompt_tokens (> 0) and, with DP on, every feedback query evaluates exactly
+    privacy.rows_per_query rows (>= expected_sample_size; the Poisson-sampled rows padded with discarded ones).
+    privacy.row_cap_tail, the probability that a subsample holds more rows than that, must be in [0, 1) and at least
+    P(Binomial(heldout_size, sample_rate) > rows_per_query). A server that declares none of them does not say how
+    it keeps the shape of a release independent of the data.""",
+    order=14,
+)
+def fixed_shape_declared(ctx: SuiteContext) -> str:
+    info = ctx.info()
+    problems = fixed_shape_problems(info)
+    expect(not problems, "; ".join(problems))
+    q = info.privacy
+    rows = f", rows_per_query={q.rows_per_query}, row_cap_tail={q.row_cap_tail:.3g}" if q.enabled else " (DP off)"
+    return f"max_prompt_tokens={info.decoding_limits.max_prompt_tokens}{rows}"
+
+
+@check(
+    "info.test_domains_declared",
+    title="The test split's domain names are a declared public list, and only they appear as keys",
+    rationale="""Per-domain accuracies of the test split are map keys sent verbatim, so their names must be public:
+    with the test split enabled GetInfo.test_domains lists them (non-empty, no duplicates) and every
+    domain_accuracy key of a test-split Evaluate is in that list; with it disabled the list is empty.""",
+    order=15,
+)
+def test_domains_declared(ctx: SuiteContext) -> str:
+    info = ctx.info()
+    declared = list(info.test_domains)
+    if not info.test_split_enabled:
+        expect(not declared, f"the test split is disabled but GetInfo declares test_domains {declared[:5]}")
+        return "test split disabled, no domains declared"
+    expect(bool(declared), "the test split is enabled but GetInfo.test_domains is empty")
+    expect(len(set(declared)) == len(declared), f"GetInfo.test_domains has duplicates: {declared}")
+    decoding = pb.DecodingSettings(max_new_tokens=1, samples_per_prompt=1, temperature=0.0, seed=0)
+    response = ctx.evaluate(ctx.evaluate_request([ctx.checkpoint_id()], split=pb.SPLIT_TEST, decoding=decoding))
+    keys = {key for result in response.results for key in result.domain_accuracy}
+    undeclared = sorted(keys - set(declared))
+    expect(not undeclared, f"{len(undeclared)} domain_accuracy key(s) not in GetInfo.test_domains")
+    return f"{len(declared)} declared domains; the test split's keys are among them"

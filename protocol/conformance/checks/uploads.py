@@ -21,9 +21,11 @@ from protocol.conformance.checkpoints import (
     CheckpointFile,
     checkpoint_id_for,
     chunk_messages,
+    edit_json,
     safetensors_bytes,
     sha256_hex,
     upload_messages,
+    with_added_token,
     with_nonce,
 )
 from protocol.conformance.context import SuiteContext
@@ -205,3 +207,84 @@ _register("upload.refuse.disallowed_architecture", "A config naming a non-allowl
 _register("upload.refuse.remote_code", "A config asking for remote code (auto_map) is refused",
           "auto_map is how a config asks transformers to import code shipped with the checkpoint; never honoured.",
           52, lambda ctx: refuse(ctx, config_with(auto_map={"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"})))
+
+
+# -- tokenizer and config contents that could make an evaluation fail on chosen rows (issue 11) -------
+_REFUSED = (errors.INVALID_CHECKPOINT, errors.DISALLOWED_FILE)
+_MARKER = "zqjmarker"
+
+
+def out_of_range_token(files: list[CheckpointFile]) -> BadUpload:
+    return _plain(with_added_token(files, _MARKER)[0])
+
+
+def tokenizer_edit(edit: Callable[[dict], None], name: str = "tokenizer.json") -> Callable[[list[CheckpointFile]], BadUpload]:
+    return lambda files: _plain(edit_json(files, name, edit))
+
+
+def _regex_replace_normalizer(tokenizer: dict) -> None:
+    # Blanks exactly the prompts that contain a guessed string (membership by output or by time).
+    tokenizer["normalizer"] = {"type": "Replace", "pattern": {"Regex": f"^.*{_MARKER}.*$"}, "content": ""}
+
+
+def _unlisted_split_regex(tokenizer: dict) -> None:
+    tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": f"(a+)+{_MARKER}"}, "behavior": "Isolated", "invert": False},
+        tokenizer["pre_tokenizer"]]}
+
+
+def _bpe_dropout(tokenizer: dict) -> None:
+    tokenizer["model"]["dropout"] = 0.5   # randomness outside the per-row seed rule
+
+
+def _chat_template(config: dict) -> None:
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+TOKENIZER_CASES: dict[str, Callable[[list[CheckpointFile]], BadUpload]] = {
+    "Regex Replace normalizer": tokenizer_edit(_regex_replace_normalizer),
+    "Split pre-tokenizer with an unlisted regex": tokenizer_edit(_unlisted_split_regex),
+    "BPE dropout": tokenizer_edit(_bpe_dropout),
+    "chat_template in tokenizer_config.json": tokenizer_edit(_chat_template, "tokenizer_config.json"),
+}
+CONFIG_CASES: dict[str, Callable[[list[CheckpointFile]], BadUpload]] = {
+    "quantization_config": config_with(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
+    "nested auto_map": config_with(rope_parameters={"rope_theta": 10000.0, "rope_type": "default",
+                                                    "auto_map": {"AutoModelForCausalLM": "evil.EvilForCausalLM"}}),
+    "unknown config key": config_with(conformance_unknown_key=1),
+    "model_type not matching the architecture": config_with(model_type="llama"),
+}
+
+
+def refuse_each(ctx: SuiteContext, cases: dict[str, Callable[[list[CheckpointFile]], BadUpload]]) -> str:
+    """Every case refused (INVALID_ARGUMENT, INVALID_CHECKPOINT or DISALLOWED_FILE), nothing stored."""
+    from protocol.conformance.registry import CheckFailed
+
+    for what, build in cases.items():
+        try:
+            refuse(ctx, build, reasons=_REFUSED)
+        except CheckFailed as failed:
+            raise CheckFailed(f"{what}: {failed}") from None
+    return f"{len(cases)} refused ({', '.join(cases)}); nothing stored"
+
+
+_register("upload.refuse.tokenizer_out_of_range",
+          "A tokenizer with a token id >= the embedding's rows is refused",
+          "An added token whose id the embedding cannot hold makes evaluation fail exactly on prompts containing "
+          "its text: the error status of Evaluate would reveal whether the secret subsample holds such a row. Every "
+          "id the tokenizer can produce must be checked against the embedding's row count in the safetensors header "
+          "(not only config.json's vocab_size) at upload: INVALID_ARGUMENT, INVALID_CHECKPOINT or DISALLOWED_FILE.",
+          53, lambda ctx: refuse(ctx, out_of_range_token, reasons=_REFUSED))
+_register("upload.refuse.tokenizer_pipeline",
+          "Tokenizer components that act on chosen strings, or add randomness, are refused",
+          "A Regex Replace normalizer or an unlisted Split regex can blank or slow exactly the prompts containing a "
+          "guessed string; BPE dropout is randomness outside the per-row seed; a chat_template is trainer-supplied "
+          "Jinja the owner never runs. Each is refused at upload (INVALID_CHECKPOINT or DISALLOWED_FILE).",
+          54, lambda ctx: refuse_each(ctx, TOKENIZER_CASES))
+_register("upload.refuse.config_keys",
+          "Config keys the loader would act on but nobody vetted are refused",
+          "quantization_config pulls in quantization kernels, a nested auto_map asks for remote code, an unknown "
+          "key may select an unvetted code path, and a model_type that does not match the architecture loads "
+          "another class: each is refused at upload, so no checkpoint passes upload and then fails to load after "
+          "the charge.",
+          55, lambda ctx: refuse_each(ctx, CONFIG_CASES))
