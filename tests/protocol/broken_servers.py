@@ -223,11 +223,21 @@ def accept_any_tokenizer(monkeypatch=None) -> None:
 
 
 def lenient_tokenizer_worker(conn, spec) -> None:
-    """Evaluation worker entry whose loader check skips the tokenizer too (pairs with accept_any_tokenizer)."""
+    """Evaluation worker entry whose loader check skips the tokenizer too (pairs with accept_any_tokenizer),
+    and whose engine no longer confines an out-of-range token id to its row: the pre-issue-11 owner, where
+    the embedding raised mid-batch exactly when a sampled prompt held the planted string."""
+    from rlvr_core.engines.transformers_engine import TransformersEngine
     from rlvr_core.models import loading
     from target_owner_node.worker import worker_main
 
     loading.check_model_dir = lenient_about_tokenizers(loading.check_model_dir)
+    original_init = TransformersEngine.__init__
+
+    def unguarded_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.embedding_rows = 1 << 40  # every id "fits": the embedding itself raises
+
+    TransformersEngine.__init__ = unguarded_init
     worker_main(conn, spec)
 
 
@@ -244,29 +254,6 @@ def positional_worker(conn, spec) -> None:
 
     TransformersEngine.generate = generate
     worker_main(conn, spec)
-
-
-def per_row_keyed_worker(conn, spec) -> None:
-    """A REFERENCE, not a breakage: evaluation worker entry that generates each row on its own with
-    a seed derived from (request seed, row id), so a row's randomness depends on nothing else - what
-    issue 11 asks of the engine, built from today's pieces to show the add-one-row check passes on
-    a correct owner. (Written against today's worker.score_rows signature.)"""
-    import hashlib
-
-    from target_owner_node import worker
-
-    original = worker.score_rows
-
-    def score_rows(engine, examples, prompt_template, decoding):
-        scores = np.zeros(len(examples))
-        for position, example in enumerate(examples):
-            digest = hashlib.sha256(f"{decoding['seed']}:{example.id}".encode()).digest()
-            row_decoding = {**decoding, "seed": int.from_bytes(digest[:8], "big") >> 1}
-            scores[position] = original(engine, [example], prompt_template, row_decoding)[0]
-        return scores
-
-    worker.score_rows = score_rows
-    worker.worker_main(conn, spec)
 
 
 class SlowPerSampledRow:
@@ -371,8 +358,7 @@ def worker_scorer(config: OwnerConfig, target: Callable | None = None):
 
 
 SLOW_PER_ROW_S = 0.010
-LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger",
-                    "reference_per_row_keys")
+LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger")
 
 
 def launch_breakage(kind: str, config: OwnerConfig) -> dict:
@@ -384,8 +370,6 @@ def launch_breakage(kind: str, config: OwnerConfig) -> dict:
         return {"scorer": worker_scorer(config, lenient_tokenizer_worker)}
     if kind == "positional_randomness":
         return {"scorer": worker_scorer(config, positional_worker)}
-    if kind == "reference_per_row_keys":
-        return {"scorer": worker_scorer(config, per_row_keyed_worker)}
     if kind == "slow_per_row":
         slow = SlowPerSampledRow(SLOW_PER_ROW_S)
         return {"scorer": slow.wrap(worker_scorer(config)), "random_source": slow}

@@ -33,7 +33,6 @@ TARGETED = {
 }
 # The aimed checks that pass against today's server (the rest wait for issue 11's fixes).
 PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle")
-ISSUE_11 = pytest.mark.xfail(strict=False, reason="issue 11 fixes land in other branches")
 
 # launched breakage (conformance_harness.py launch --break KIND) -> (aimed check, words of its failure)
 LAUNCHED = {
@@ -121,7 +120,6 @@ def test_the_aimed_checks_pass_against_the_unbroken_server(base_node, tmp_path, 
     _all_pass(run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed), aimed)
 
 
-@ISSUE_11
 def test_issue_11_aimed_checks_pass_against_the_unbroken_server(base_node, tmp_path, monkeypatch):
     aimed = sorted({TARGETED[kind][0] for kind in TARGETED if kind not in PASSING_TODAY}
                    | {"info.fixed_shape_declared", "info.test_domains_declared", "upload.refuse.tokenizer_pipeline",
@@ -152,17 +150,8 @@ def test_suite_fails_the_launched_broken_owner_on_the_aimed_check(kind, base_nod
     assert "suite-launched owner" in result.detail
 
 
-@pytest.mark.slow
-def test_add_one_row_passes_against_an_owner_with_per_row_randomness(base_node, tmp_path, monkeypatch):
-    """Not vacuous: an owner built from today's pieces whose rows draw randomness from (seed, row id) passes."""
-    check_id = "privacy.shape.add_one_row"
-    command = harness.launch_command("reference_per_row_keys")
-    result = run_launched(base_node, tmp_path, monkeypatch, command, [check_id])[check_id]
-    assert result.result == "PASS", result.detail
-
 
 @pytest.mark.slow
-@ISSUE_11
 def test_launched_checks_pass_against_the_unbroken_owner(base_node, tmp_path, monkeypatch):
     aimed = sorted(check_id for check_id, _ in LAUNCHED.values())
     _all_pass(run_launched(base_node, tmp_path, monkeypatch, harness.launch_command("none"), aimed), aimed)

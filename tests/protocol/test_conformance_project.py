@@ -25,7 +25,6 @@ from protocol.cli import main as feedback_protocol
 from protocol.conformance import SUITE_VERSION, all_checks
 from tests.protocol import conformance_harness as harness
 
-ISSUE_11 = pytest.mark.xfail(strict=False, reason="issue 11 fixes land in other branches")
 LAUNCHED_CHECKS = ("privacy.shape.status_independent", "privacy.shape.add_one_row",
                    "privacy.shape.latency_independent", "budget.ledger_deletion_detected")
 OWNER_LAUNCH_CMD = ("{python} -m target_owner_node.cli launch --heldout {{heldout}} --port {{port}} "
@@ -48,7 +47,6 @@ def project_server(tmp_path, tmp_path_factory):
         harness.stop(node.dir)
 
 
-@ISSUE_11
 def test_project_server_passes_the_full_suite(project_server, tmp_path, capsys):
     node, port = project_server
     report_path = tmp_path / "report.json"
@@ -84,7 +82,6 @@ def _owner_has_launch() -> bool:
 
 
 @pytest.mark.slow
-@ISSUE_11
 def test_project_owner_passes_the_launched_checks(project_server, tmp_path, capsys):
     """The checks on suite-launched owners, with this project's `target-owner-node launch`."""
     if not _owner_has_launch():

@@ -287,7 +287,7 @@ def _short_context_case(ctx: SuiteContext) -> str:
     new_tokens = min(8, ctx.info().decoding_limits.max_new_tokens)
     what = f"a checkpoint with a {new_tokens}-token context and max_new_tokens={new_tokens}"
     try:
-        checkpoint_id = ctx.upload(upload_messages(_short_context_files(ctx, new_tokens)))
+        checkpoint_id = ctx.upload(upload_messages(_short_context_files(ctx, new_tokens))).checkpoint_id
     except grpc.RpcError as error:
         failure = describe_failure("UploadCheckpoint", error)
         expect(failure.code == INVALID, f"uploading {what}: {failure.code.name} {failure.reason}, expected "
