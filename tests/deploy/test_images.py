@@ -127,12 +127,13 @@ def compose() -> dict:
     return yaml.safe_load((DOCKER / "compose.yaml").read_text())
 
 
-def test_compose_owner_is_read_only_with_tmpfs_and_only_storage_writable():
+def test_compose_owner_is_read_only_with_tmpfs_and_only_storage_and_state_writable():
     owner = compose()["services"]["owner"]
     assert owner["read_only"] is True
     assert any(str(t).startswith("/tmp") for t in owner["tmpfs"])
     writable = [v for v in owner["volumes"] if not v.endswith(":ro")]
-    assert [v.split(":")[1] for v in writable] == ["/srv/owner/storage"]
+    # The state marker lives OUTSIDE the storage folder (a lost storage folder must be noticed).
+    assert [v.split(":")[1] for v in writable] == ["/srv/owner/storage", "/srv/owner/state"]
     targets = {v.split(":")[1] for v in owner["volumes"]}
     assert {"/srv/owner/config.toml", "/srv/owner/data", "/srv/owner/tls"} <= targets
     assert owner["cap_drop"] == ["ALL"] and "no-new-privileges:true" in owner["security_opt"]
