@@ -357,7 +357,7 @@ def worker_scorer(config: OwnerConfig, target: Callable | None = None):
     return WorkerScorer(worker_spec(config), config.evaluation.timeout_s, sizes, target=target or worker_main)
 
 
-SLOW_PER_ROW_S = 0.010
+SLOW_PER_ROW_S = 0.030  # well above the 2-core machine's timing noise, so the aimed check never misses it
 LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger")
 
 
