@@ -232,3 +232,37 @@ def test_uploads_that_could_fail_an_evaluation_are_refused(tmp_path, tiny_checkp
     damage(folder)
     error = _refused(_store(tmp_path), upload_messages(folder), errors.INVALID_CHECKPOINT)
     assert error.message.startswith(expected), error.message
+
+
+def test_dry_run_refusal_stores_nothing_and_one_run_covers_a_structure(tmp_path, tiny_checkpoint):
+    """The dry run runs at upload, before anything is stored; a checkpoint whose files differ from an
+    already probed one only in tensor values (a lookahead candidate) is not probed again, but a new
+    config or tokenizer is."""
+    probed: list[str] = []
+    refuse = {"flag": False}
+
+    def probe(checkpoint_id: str, folder: Path) -> None:
+        assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+        probed.append(checkpoint_id)
+        if refuse["flag"]:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, errors.INVALID_CHECKPOINT, "dry run failed")
+
+    store = CheckpointStore(tmp_path / "store", 1 << 30, 1 << 30, probe=probe)
+    first = store.receive(upload_messages(tiny_checkpoint)).checkpoint_id
+    assert probed == [first]
+
+    weights_only = _copy(tiny_checkpoint, tmp_path / "w")
+    data = bytearray((weights_only / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # a tensor value, not the header
+    (weights_only / "model.safetensors").write_bytes(bytes(data))
+    second = store.receive(upload_messages(weights_only)).checkpoint_id
+    assert second != first and probed == [first], "same structure: no second dry run"
+
+    new_structure = _copy(tiny_checkpoint, tmp_path / "g")
+    (new_structure / "generation_config.json").write_text('{"max_length": 7}')
+    refuse["flag"] = True
+    before = _snapshot(store)
+    with pytest.raises(ProtocolError) as refused:
+        store.receive(upload_messages(new_structure))
+    assert refused.value.reason == errors.INVALID_CHECKPOINT and len(probed) == 2
+    assert _snapshot(store) == before, "a refused dry run stores nothing"
