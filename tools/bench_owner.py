@@ -2,9 +2,11 @@
 
     python tools/bench_owner.py [--size-mb 100] [--prompts 64] [--keep DIR]
 
-1. Upload: a ~100 MB checkpoint (random safetensors weights) sent over mTLS on loopback to a
+1. Upload: a ~100 MB checkpoint (a random-init Qwen2) sent over mTLS on loopback to a
    `target-owner-node serve` subprocess (1 MiB chunks, sha256 + header validation, fsync,
-   content-addressed store), next to a plain file copy (+ fsync) of the same bytes.
+   content-addressed store), next to a plain file copy (+ fsync) of the same bytes. The first
+   upload of a structure includes the owner's dry run; the MiB/s figure is a second upload
+   with new weights (what a lookahead candidate costs).
 2. Evaluation: prompts/s of the real worker (tiny random policy, exact_match verifier) on
    the test split, after a warm-up call that starts the worker and loads the model.
 """
@@ -22,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,22 +48,18 @@ def make_examples(n: int, prefix: str):
     ]
 
 
-def big_checkpoint(tiny: Path, out: Path, size_mb: int) -> Path:
-    """The tiny policy's config and tokenizer beside ~size_mb of random float32 tensors."""
-    from safetensors.numpy import save_file
+def big_checkpoint(texts: list[str], out: Path, size_mb: int) -> Path:
+    """A real, random-init Qwen2 checkpoint of about size_mb (float32): 4 layers, hidden size
+    chosen for the size. It passes the owner's upload validation and dry run, like a trainer's."""
+    from rlvr_core.models.tiny_policy import random_tiny_policy
 
-    out.mkdir(parents=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if (tiny / name).exists():
-            shutil.copyfile(tiny / name, out / name)
-    rng = np.random.default_rng(0)
-    per_tensor = 4 << 20  # 4 MiB tensors
-    tensors = {
-        f"layer.{i}.weight": rng.standard_normal(per_tensor // 4, dtype=np.float32)
-        for i in range(max(1, (size_mb << 20) // per_tensor))
-    }
-    save_file(tensors, str(out / "model.safetensors"))
-    return out
+    layers = 4
+    # float32 parameters ~ layers * 12 h^2 (attention + 4h MLP) -> h for the target size
+    hidden = max(64, int(((size_mb << 20) / 4 / (12 * layers)) ** 0.5) // 64 * 64)
+    return random_tiny_policy(
+        out, texts, seed=0, hidden_size=hidden, intermediate_size=4 * hidden, num_layers=layers,
+        num_heads=hidden // 64, num_kv_heads=1,
+    )
 
 
 def upload(stub, directory: Path) -> pb.UploadCheckpointResponse:
@@ -149,10 +145,9 @@ def main() -> int:
         lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
     (work / "config.toml").write_text("\n".join(lines) + "\n")
 
-    tiny = random_tiny_policy(
-        work / "tiny", [e.prompt for e in make_examples(50, "v")] + ["0123456789+="], seed=0
-    )
-    big = big_checkpoint(tiny, work / "big", args.size_mb)
+    texts = [e.prompt for e in make_examples(50, "v")] + ["0123456789+="]
+    tiny = random_tiny_policy(work / "tiny", texts, seed=0)
+    big = big_checkpoint(texts, work / "big", args.size_mb)
     weights = big / "model.safetensors"
     size_mb = sum(p.stat().st_size for p in big.iterdir()) / (1 << 20)
 
@@ -188,15 +183,24 @@ def main() -> int:
         copy_rate = plain_copy_mb_s(weights, work / "copy.safetensors")
         started = time.perf_counter()
         response = upload(stub, big)
+        first_s = time.perf_counter() - started
+        # The same structure with other weights (a lookahead candidate): no second dry run.
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+        started = time.perf_counter()
+        candidate = upload(stub, big)
         upload_s = time.perf_counter() - started
         started = time.perf_counter()
         reused = upload(stub, big)  # manifest only would be enough; resending shows dedup cost
         print(f"checkpoint: {size_mb:.1f} MiB ({len(list(big.iterdir()))} files)")
-        print(f"upload over mTLS loopback: {size_mb / upload_s:.1f} MiB/s ({upload_s:.2f} s)")
+        print(f"first upload of a structure (transfer + the owner's dry run): {first_s:.2f} s")
+        print(f"upload over mTLS loopback: {size_mb / upload_s:.1f} MiB/s ({upload_s:.2f} s; "
+              f"new weights, same structure: {candidate.checkpoint_id != response.checkpoint_id})")
         print(f"plain file copy + fsync:   {copy_rate:.1f} MiB/s")
         print(
             f"re-upload of held content: {size_mb / (time.perf_counter() - started):.1f} MiB/s "
-            f"(same id: {reused.checkpoint_id == response.checkpoint_id})"
+            f"(same id: {reused.checkpoint_id == candidate.checkpoint_id})"
         )
 
         tiny_id = upload(stub, tiny).checkpoint_id
