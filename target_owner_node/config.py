@@ -215,9 +215,18 @@ class PrivacyConfig(_Section):
     sample_rate: float = Field(
         default=0.1, description="Poisson sampling rate q in (0, 1]; 1 evaluates every row."
     )
-    accountant: Literal["rdp", "prv"] = Field(
-        default="rdp", description="Privacy accountant ('rdp' or 'prv')."
+    accountant: str = Field(
+        default="rdp",
+        description="Privacy accountant: a registered name (protocol.privacy.accountants), e.g. 'rdp' or 'prv'.",
     )
+
+    @field_validator("accountant")
+    @classmethod
+    def _known_accountant(cls, v: str) -> str:
+        from protocol.privacy.accountants import check_accountant_name
+
+        return check_accountant_name(v)
+
     per_client_epsilon_cap: float = Field(
         default=0.0, description="Most epsilon one client may spend; 0 = no cap."
     )

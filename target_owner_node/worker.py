@@ -89,8 +89,9 @@ class ModelCache:
 
         dtype = _torch_dtype(self.spec.dtype, self.spec.device)
         model, tokenizer = load_policy(directory, self.spec.device, dtype)
-        options = {"batch_size": self.spec.batch_size} if self.spec.engine == "transformers" else {}
-        engine = build_engine(self.spec.engine, model, tokenizer, device=self.spec.device, **options)
+        # Every engine gets the same input: the owner's batch size reaches any engine as
+        # FixedShape.batch_prompts on each generate call (evaluation_shape), never as an option.
+        engine = build_engine(self.spec.engine, model, tokenizer, device=self.spec.device)
         self._engines[checkpoint_id] = engine
         while len(self._engines) > self.spec.model_cache_size:
             self._engines.popitem(last=False)

@@ -106,10 +106,19 @@ class GrpoConfig(_Section):
     """DAPO soft overlong penalty window in tokens (0 = off)."""
     overlong_penalty_factor: float = Field(default=1.0, ge=0)
     adv_eps: float = Field(default=1e-6, gt=0)
-    lookahead: Literal["adamw", "sgd"] = "adamw"
-    """How lookahead candidates (L2RR) take their one step: a copy of the AdamW state, or SGD."""
+    lookahead: str = "adamw"
+    """How lookahead candidates (L2RR) take their one step: a registered lookahead optimizer
+    (trainer_node.grpo.lookahead), 'adamw' (a copy of the AdamW state) or 'sgd'."""
     lookahead_lr: float | None = Field(default=None, gt=0)
     """Step size of lookahead candidates; None = grpo.lr."""
+
+    @field_validator("lookahead")
+    @classmethod
+    def _known_lookahead(cls, name: str) -> str:
+        from trainer_node.grpo.lookahead import get_lookahead_optimizer
+
+        get_lookahead_optimizer(name)  # raises, listing the known optimizers
+        return name
 
     @field_validator("advantage")
     @classmethod

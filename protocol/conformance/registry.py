@@ -3,16 +3,25 @@
 A check receives the shared SuiteContext and either returns (PASS, with an optional detail
 line saying what was observed), raises CheckFailed (FAIL) or raises CheckSkipped (SKIP, with
 the reason). Any other exception is a FAIL too: a check that crashes has not shown
-conformance. To add a check, write a function in one of the modules under checks/ and
-decorate it with @check(...); `order` places it in the run (lower runs first; checks that
-restart the server or spend the whole budget run last).
+conformance. The checks live in `CHECKS`, a protocol.plugins.Registry keyed by check id.
+
+To add a check:
+    @check("area.what", title="...", rationale="...", order=50)
+    def what(ctx: SuiteContext) -> str: ...
+in a module under checks/ (imported by checks/__init__.py), or in a plug-in whose entry point
+(group `target_feedback.conformance_checks`, named by the check id) points at the decorated name.
+`order` places it in the run (lower runs first; checks that restart the server or spend the
+whole budget run last). `check` is the registry's decorator with the check's card (title,
+rationale, order) attached: the one registration style, kept because 55 checks use it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from protocol.plugins import Registry
 
 if TYPE_CHECKING:
     from protocol.conformance.context import SuiteContext
@@ -31,32 +40,50 @@ CheckFunction = Callable[["SuiteContext"], "str | None"]
 
 @dataclass(frozen=True)
 class Check:
+    """A check function with its card; calling it runs the function."""
+
     id: str
     title: str
     rationale: str
     order: int
     function: CheckFunction
 
+    def __call__(self, ctx: SuiteContext) -> str | None:
+        return self.function(ctx)
 
-_REGISTRY: dict[str, Check] = {}
 
 
-def check(check_id: str, *, title: str, rationale: str, order: int) -> Callable[[CheckFunction], CheckFunction]:
+def _load_check_modules() -> None:
+    # Importing the package registers every check module exactly once.
+    import protocol.conformance.checks  # noqa: F401
+
+
+def _check_entry(check_id: str, value: Any) -> None:
+    if not isinstance(value, Check):
+        raise TypeError(f"conformance check {check_id!r} must be a Check (use @check), got {value!r}")
+    if value.id != check_id:
+        raise ValueError(f"conformance check {value.id!r} is registered under another id, {check_id!r}")
+
+
+CHECKS: Registry[Check] = Registry(
+    "conformance_checks", _load_check_modules, noun="conformance check", on_add=_check_entry
+)
+
+
+def check(check_id: str, *, title: str, rationale: str, order: int) -> Callable[[CheckFunction], Check]:
     """Register `function` as the check `check_id`. Ids are unique; a duplicate is a bug."""
 
-    def register(function: CheckFunction) -> CheckFunction:
-        if check_id in _REGISTRY:
-            raise ValueError(f"conformance check {check_id!r} is registered twice")
-        _REGISTRY[check_id] = Check(check_id, title, " ".join(rationale.split()), order, function)
-        return function
+    def register(function: CheckFunction) -> Check:
+        registered = Check(check_id, title, " ".join(rationale.split()), order, function)
+        CHECKS.add(check_id, registered)
+        return registered
 
     return register
 
 
 def all_checks() -> list[Check]:
     """Every registered check in run order (order, then id)."""
-    _load_check_modules()
-    return sorted(_REGISTRY.values(), key=lambda c: (c.order, c.id))
+    return sorted((entry.value for entry in CHECKS), key=lambda c: (c.order, c.id))
 
 
 def select_checks(only: list[str] | None) -> list[Check]:
@@ -82,8 +109,3 @@ def expect(condition: bool, detail: str) -> None:
     """Fail the running check with `detail` unless `condition` holds."""
     if not condition:
         raise CheckFailed(detail)
-
-
-def _load_check_modules() -> None:
-    # Importing the package registers every check module exactly once.
-    import protocol.conformance.checks  # noqa: F401

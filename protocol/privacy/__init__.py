@@ -3,12 +3,12 @@
 See docs/PRIVACY.md for the guarantee."""
 
 from protocol.privacy.accountants import (
+    ACCOUNTANTS,
     Accountant,
     AccountingError,
     accountant_names,
     build_accountant,
     calibrate_noise_multiplier,
-    register_accountant,
     releases_remaining,
 )
 from protocol.privacy.events import SampledGaussianEvent
@@ -25,6 +25,7 @@ from protocol.privacy.mechanisms import (
 )
 
 __all__ = [
+    "ACCOUNTANTS",
     "Accountant",
     "AccountingError",
     "NoiseSource",
@@ -38,7 +39,6 @@ __all__ = [
     "noise_std_for_multiplier",
     "noisy_mean_release",
     "poisson_subsample",
-    "register_accountant",
     "released_noise_std",
     "releases_remaining",
     "replay_release",

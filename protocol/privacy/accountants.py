@@ -1,13 +1,16 @@
 """Privacy accountants: compose release events, answer "how much epsilon so far?".
 
-Every accountant implements the small `Accountant` interface and is created by name
-(`build_accountant("rdp")`). The epsilon arithmetic is delegated to opacus; the STATE is
-ours: `state_dict()` is the list of composed events as JSON, so a ledger written today
-can be read by any later opacus version (opacus' own state format has changed between
-releases).
+Every accountant implements the small `Accountant` interface and is created by name from the
+`ACCOUNTANTS` registry (`build_accountant("rdp")`). The epsilon arithmetic is delegated to
+opacus; the STATE is ours: `state_dict()` is the list of composed events as JSON, so a ledger
+written today can be read by any later opacus version (opacus' own state format has changed
+between releases).
 
-To add an accountant: subclass `Accountant`, implement `_epsilon(events, delta)`, and
-decorate the class with `@register_accountant("name")`.
+To add an accountant:
+    @ACCOUNTANTS.register("mine")
+    class MyAccountant(Accountant): def _epsilon(self, events, delta): ...   # + valid_privacy_filter
+(a plug-in: entry point `target_feedback.accountants`). Code never compares accountant names: what
+differs between accountants is a capability on the class (`valid_privacy_filter`).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import functools
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
+from protocol.plugins import Registry, subclass_entries
 from protocol.privacy.events import SampledGaussianEvent
 
 logger = logging.getLogger(__name__)
@@ -45,7 +49,11 @@ def _check_delta(delta: float) -> None:
 class Accountant(abc.ABC):
     """Composes `SampledGaussianEvent`s and converts them to (epsilon, delta)-DP."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by registration
+    valid_privacy_filter: ClassVar[bool] = False
+    """True when checking `epsilon_after(event) <= budget` before each release is a valid privacy
+    filter under fully adaptive composition (the trainer picks each query's candidates from
+    earlier answers): proven for Renyi DP (Feldman & Zrnic 2021), heuristic otherwise."""
 
     def __init__(self) -> None:
         self._events: list[SampledGaussianEvent] = []
@@ -157,36 +165,28 @@ def _opacus_history(events: Sequence[SampledGaussianEvent]) -> list[tuple[float,
     return [(e.noise_multiplier, e.sample_rate, e.count) for e in events]
 
 
-_REGISTRY: dict[str, type[Accountant]] = {}
-
-
-def register_accountant(name: str) -> Callable[[type[Accountant]], type[Accountant]]:
-    """Class decorator adding an accountant under `name` (duplicates are refused)."""
-
-    def add(cls: type[Accountant]) -> type[Accountant]:
-        if name in _REGISTRY:
-            raise ValueError(f"accountant {name!r} is already registered")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return add
+ACCOUNTANTS: Registry[type[Accountant]] = Registry(
+    "accountants", noun="accountant", on_add=subclass_entries(Accountant, "accountant")
+)
 
 
 def accountant_names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return tuple(ACCOUNTANTS.names())
+
+
+def check_accountant_name(name: str) -> str:
+    """`name` when it is a registered accountant; ValueError listing the known ones otherwise
+    (a config validator)."""
+    ACCOUNTANTS.entry(name)
+    return name
 
 
 def build_accountant(name: str) -> Accountant:
-    """A fresh accountant by registered name ("rdp", "prv")."""
-    try:
-        cls = _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown accountant {name!r}; known: {', '.join(accountant_names())}") from None
-    return cls()
+    """A fresh accountant by registered name (see accountant_names())."""
+    return ACCOUNTANTS.get(name)()
 
 
-@register_accountant("rdp")
+@ACCOUNTANTS.register("rdp")
 class RdpAccountant(Accountant):
     """Renyi-DP accounting of the subsampled Gaussian (Mironov et al. 2019), via opacus.
 
@@ -195,6 +195,8 @@ class RdpAccountant(Accountant):
     number of steps. A ledger replays the same few event kinds thousands of times, and the
     uncached curve costs ~0.1-1 s per evaluation on a small CPU.
     """
+
+    valid_privacy_filter = True  # RDP composes fully adaptively (Feldman & Zrnic 2021)
 
     def _epsilon(self, events: Sequence[SampledGaussianEvent], delta: float) -> float:
         import numpy as np
@@ -222,7 +224,7 @@ def _one_step_rdp(sample_rate: float, noise_multiplier: float):
     return curve
 
 
-@register_accountant("prv")
+@ACCOUNTANTS.register("prv")
 class PrvAccountant(Accountant):
     """Numerical composition of privacy loss random variables (Gopi et al. 2021), via opacus.
 
@@ -233,6 +235,7 @@ class PrvAccountant(Accountant):
     any other PRV failure raises AccountingError.
     """
 
+    valid_privacy_filter = False  # no adaptive-composition filter is proven for PRV: heuristic
     eps_error: ClassVar[float] = 0.01
     RDP_FALLBACK_EPSILON: ClassVar[float] = 100.0
 
@@ -257,11 +260,20 @@ class PrvAccountant(Accountant):
             ) from error
 
 
+CALIBRATION_TOLERANCE = 0.01  # epsilon; opacus' get_noise_multiplier default
+MAX_NOISE_MULTIPLIER = 1e6  # opacus' MAX_SIGMA: beyond it the budget is called too low
+
+
 def calibrate_noise_multiplier(
     target_epsilon: float, delta: float, sample_rate: float, releases: int, accountant: str = "rdp"
 ) -> float:
-    """Smallest noise multiplier z (to opacus' 0.01-epsilon search tolerance) such that
-    `releases` subsampled Gaussian releases at rate q cost at most target_epsilon."""
+    """Smallest noise multiplier z (to a 0.01-epsilon search tolerance) such that `releases`
+    subsampled Gaussian releases at rate q cost at most target_epsilon under `accountant`.
+
+    The search is opacus' get_noise_multiplier (double z from 20 until within budget, then
+    bisect), run on the registered accountant itself, so any accountant can be calibrated and
+    the promise eps(releases) <= target is checked by the accountant that will charge.
+    """
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
     _check_delta(delta)
@@ -269,30 +281,28 @@ def calibrate_noise_multiplier(
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     if isinstance(releases, bool) or not isinstance(releases, int) or releases < 1:
         raise ValueError(f"releases must be an int >= 1, got {releases!r}")
-    from opacus.accountants.utils import get_noise_multiplier
-
     checker = build_accountant(accountant)  # validates the name
-    extra = {"eps_error": PrvAccountant.eps_error} if accountant == "prv" else {}
-    try:
-        with _quiet_opacus():
-            z = get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=releases,
-                accountant=accountant,
-                **extra,
+
+    def spent(z: float) -> float:
+        return checker.epsilon_after(SampledGaussianEvent(z, sample_rate, releases), delta)
+
+    z_low, z_high, eps_high = 0.0, 10.0, math.inf
+    while eps_high > target_epsilon:
+        z_high *= 2
+        eps_high = spent(z_high)
+        if z_high > MAX_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"cannot reach epsilon={target_epsilon:g} at delta={delta:g} with {releases} releases "
+                f"at q={sample_rate:g}: the privacy budget is too low"
             )
-    except ValueError as error:  # "The privacy budget is too low."
-        raise ValueError(
-            f"cannot reach epsilon={target_epsilon:g} at delta={delta:g} with {releases} releases "
-            f"at q={sample_rate:g}: {error}"
-        ) from None
-    # Re-check with our own accountant: the promise is eps(releases) <= target.
-    spent = checker.epsilon_after(SampledGaussianEvent(z, sample_rate, releases), delta)
-    if spent > target_epsilon:
-        raise AccountingError(f"calibrated z={z:g} spends epsilon={spent:g} > target {target_epsilon:g}")
-    return float(z)
+    while target_epsilon - eps_high > CALIBRATION_TOLERANCE:
+        z = (z_low + z_high) / 2
+        eps = spent(z)
+        if eps < target_epsilon:
+            z_high, eps_high = z, eps
+        else:
+            z_low = z
+    return float(z_high)
 
 
 def releases_remaining(

@@ -1,9 +1,14 @@
-"""Generation engines by name.
+"""Generation engines by name: the `ENGINES` registry (protocol.plugins.Registry).
 
-To add an engine: write a GenerationEngine subclass whose constructor takes
-`(model, tokenizer, device="cpu", **options)` and call `register_engine("name", Class)` (or use
-`@register_engine("name")` on the class). Every engine gets the same constructor input, so
-callers never special-case one.
+To add an engine:
+    @ENGINES.register("mine")
+    class MyEngine(GenerationEngine): ...   # __init__(model, tokenizer, device="cpu", **options)
+and import its module in `_import_builtin_engines` (a plug-in: entry point `target_feedback.engines`).
+
+Every engine gets the same constructor input, `(model, tokenizer, device, **options)`, and the
+same `generate` call, so callers never special-case one: a batch shape the caller needs fixed
+(the owner's batch size) travels in `generate(shape=FixedShape(...))`, not as an option only
+some engines take.
 """
 
 from __future__ import annotations
@@ -11,50 +16,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.plugins import Registry, subclass_entries
 from rlvr_core.engines.base import GenerationEngine
 
 EngineFactory = Callable[..., GenerationEngine]
 
-_ENGINES: dict[str, EngineFactory] = {}
+
+def _import_builtin_engines() -> None:
+    # Imported on first use, not at the top: engine modules import this registry (no cycles), and
+    # vllm_engine imports without vLLM installed (only constructing its engine needs it).
+    import rlvr_core.engines.transformers_engine  # registers "transformers"
+    import rlvr_core.engines.vllm_engine  # noqa: F401  (registers "vllm")
 
 
-def register_engine(name: str, factory: EngineFactory | None = None) -> Any:
-    """Register `factory` under `name`; without a factory, return a class decorator.
-
-    Registering a name twice raises ValueError (a silent override would hide a bug).
-    """
-
-    def add(engine_factory: EngineFactory) -> EngineFactory:
-        if not name:
-            raise ValueError("engine name must be non-empty")
-        if name in _ENGINES:
-            raise ValueError(f"engine {name!r} is already registered")
-        _ENGINES[name] = engine_factory
-        return engine_factory
-
-    return add if factory is None else add(factory)
+ENGINES: Registry[EngineFactory] = Registry(
+    "engines", _import_builtin_engines, noun="engine",
+    on_add=subclass_entries(GenerationEngine, "engine", factories=True),
+)
 
 
 def engine_names() -> list[str]:
     """Registered engine names, sorted."""
-    return sorted(_ENGINES)
+    return ENGINES.names()
 
 
 def build_engine(name: str, model: Any, tokenizer: Any, device: str = "cpu", **options: Any) -> GenerationEngine:
     """Construct the engine registered as `name`; unknown names raise ValueError listing known ones."""
-    if name not in _ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(engine_names())}")
-    return _ENGINES[name](model, tokenizer, device=device, **options)
-
-
-def _register_builtin_engines() -> None:
-    # Imported here, not at the top, so engine modules never import the registry (no cycles).
-    # vllm_engine imports without vLLM installed; only constructing its engine needs it.
-    from rlvr_core.engines.transformers_engine import TransformersEngine
-    from rlvr_core.engines.vllm_engine import VLLMEngine
-
-    register_engine(TransformersEngine.name, TransformersEngine)
-    register_engine(VLLMEngine.name, VLLMEngine)
-
-
-_register_builtin_engines()
+    return ENGINES.get(name)(model, tokenizer, device=device, **options)

@@ -38,6 +38,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams, context_length
+from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_uniforms, select_tokens, validate_params
 from rlvr_core.models.threads import torch_threads
 
@@ -49,10 +50,9 @@ def max_positions(model: PreTrainedModel) -> int:
     return context_length(model.config)
 
 
+@ENGINES.register("transformers")
 class TransformersEngine(GenerationEngine):
     """Generation on CPU or CUDA with the live model (so sync_weights is a no-op)."""
-
-    name = "transformers"
 
     def __init__(
         self,

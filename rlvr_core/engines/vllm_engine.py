@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams
+from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_seed, validate_params
 from rlvr_core.engines.transformers_engine import max_positions
 from rlvr_core.models.loading import check_model_dir
@@ -58,10 +59,9 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@ENGINES.register("vllm")
 class VLLMEngine(GenerationEngine):
     """Colocated vLLM engine; see the module docstring (unverified)."""
-
-    name = "vllm"
 
     def __init__(
         self,

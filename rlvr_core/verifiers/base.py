@@ -1,7 +1,15 @@
 """The verifier interface, the answer-extraction rule every verifier shares, and the registry.
 
 A verifier turns (completion, example) into a score in [0, 1]. Verifiers are registered by
-name; an Example names its verifier in `example.verifier`, and `score_example` dispatches on it.
+name in `VERIFIERS` (protocol.plugins.Registry); an Example names its verifier in
+`example.verifier`, and `score_example` dispatches on it.
+
+To add a verifier:
+    @VERIFIERS.register("mine")
+    class MyVerifier(Verifier): def score(self, completion, example): ...
+in a module listed in `_import_builtin_verifiers`, or, for an organization's own verifier outside
+this repository, as an entry point: `[project.entry-points."target_feedback.verifiers"]
+mine = "pkg.module:MyVerifier"` (loaded on first lookup, registered under the entry point's name).
 """
 
 from __future__ import annotations
@@ -10,8 +18,8 @@ import logging
 import math
 import re
 from abc import ABC, abstractmethod
-from typing import TypeVar
 
+from protocol.plugins import Registry, subclass_entries
 from rlvr_core.tasks.example import Example
 
 logger = logging.getLogger(__name__)
@@ -44,7 +52,7 @@ def extract_answer(completion: str) -> str:
 
 
 class Verifier(ABC):
-    """Scores a completion against an example. Subclasses set `name` and register themselves."""
+    """Scores a completion against an example. Registering a subclass sets its `name`."""
 
     name: str = ""
 
@@ -60,41 +68,32 @@ class Verifier(ABC):
         """
 
 
-VerifierT = TypeVar("VerifierT", bound=type[Verifier])
-_REGISTRY: dict[str, type[Verifier]] = {}
-_INSTANCES: dict[str, Verifier] = {}
+def _import_builtin_verifiers() -> None:
+    # On first lookup, not at import: the modules import this one (no cycles). Their heavy
+    # libraries (math-verify/sympy, reasoning-gym) load only when a verifier first scores.
+    import rlvr_core.verifiers.exact_match  # registers "exact_match"
+    import rlvr_core.verifiers.math_verify  # registers "math_verify"
+    import rlvr_core.verifiers.reasoning_gym  # noqa: F401  (registers "reasoning_gym")
 
 
-def register_verifier(cls: VerifierT) -> VerifierT:
-    """Class decorator: make `cls` available under `cls.name`.
-
-    To add a verifier: subclass Verifier in a module under rlvr_core/verifiers/, set `name`,
-    decorate it, and import the module in rlvr_core/verifiers/__init__.py.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Verifier)):
-        raise TypeError(f"register_verifier expects a Verifier subclass, got {cls!r}")
-    name = cls.name
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{cls.__name__} must set a non-empty class attribute `name`")
-    if name in _REGISTRY:
-        raise ValueError(f"verifier {name!r} is already registered (by {_REGISTRY[name].__name__})")
-    _REGISTRY[name] = cls
-    return cls
+VERIFIERS: Registry[type[Verifier]] = Registry(
+    "verifiers", _import_builtin_verifiers, noun="verifier", on_add=subclass_entries(Verifier, "verifier")
+)
+# One shared instance per registered class (verifiers are stateless).
+_INSTANCES: dict[type[Verifier], Verifier] = {}
 
 
 def verifier_names() -> list[str]:
-    """Names of all registered verifiers, sorted."""
-    return sorted(_REGISTRY)
+    """Names of all registered verifiers (built-in and plug-in), sorted."""
+    return VERIFIERS.names()
 
 
 def get_verifier(name: str) -> Verifier:
     """The (shared, stateless) verifier registered under `name`; ValueError listing known names."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown verifier {name!r}; known: {', '.join(verifier_names())}")
-    instance = _INSTANCES.get(name)
-    if instance is None or type(instance) is not _REGISTRY[name]:
-        instance = _REGISTRY[name]()
-        _INSTANCES[name] = instance
+    cls = VERIFIERS.get(name)
+    instance = _INSTANCES.get(cls)
+    if instance is None:
+        instance = _INSTANCES[cls] = cls()
     return instance
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlvr_core.tasks.example import Example
-from rlvr_core.verifiers.base import Verifier, extract_answer, register_verifier
+from rlvr_core.verifiers.base import VERIFIERS, Verifier, extract_answer
 
 
 def normalise(text: str) -> str:
@@ -16,11 +16,9 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@register_verifier
+@VERIFIERS.register("exact_match")
 class ExactMatchVerifier(Verifier):
     """1.0 when the extracted answer equals the gold answer after `normalise`, else 0.0."""
-
-    name = "exact_match"
 
     def score(self, completion: str, example: Example) -> float:
         predicted = normalise(extract_answer(completion))

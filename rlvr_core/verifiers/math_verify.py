@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from rlvr_core.tasks.example import Example
-from rlvr_core.verifiers.base import Verifier, extract_answer, register_verifier
+from rlvr_core.verifiers.base import VERIFIERS, Verifier, extract_answer
 
 MAX_ANSWER_CHARS = 256
 MAX_NODES = 200
@@ -93,11 +93,9 @@ def _bounded_number(expr: Any, limit: int, symbolic_ok: bool = False) -> bool:
     return symbolic_ok and bool(expr.free_symbols)
 
 
-@register_verifier
+@VERIFIERS.register("math_verify")
 class MathVerifyVerifier(Verifier):
     """1.0 when math-verify finds the extracted answer equivalent to the gold answer, else 0.0."""
-
-    name = "math_verify"
 
     def score(self, completion: str, example: Example) -> float:
         from math_verify import verify

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr_core.tasks.example import Example
-from rlvr_core.verifiers.base import Verifier, extract_answer, register_verifier
+from rlvr_core.verifiers.base import VERIFIERS, Verifier, extract_answer
 
 # Longer answers get 0: the tasks we use have short answers, and scorers do substring searches.
 MAX_ANSWER_CHARS = 4096
@@ -46,11 +46,9 @@ def known_tasks() -> list[str]:
     return sorted(DATASETS)
 
 
-@register_verifier
+@VERIFIERS.register("reasoning_gym")
 class ReasoningGymVerifier(Verifier):
     """Scores with reasoning-gym's scorer for example.task (entry rebuilt from the example)."""
-
-    name = "reasoning_gym"
 
     def score(self, completion: str, example: Example) -> float:
         answer = extract_answer(completion)

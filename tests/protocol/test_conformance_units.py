@@ -14,10 +14,11 @@ from protocol import errors
 from protocol.cli import main as feedback_protocol
 from protocol.conformance import SuiteOptions, all_checks, read_canaries, restart_from_command
 from protocol.conformance.checkpoints import checkpoint_id_for, tiny_checkpoint_files, write_checkpoint
+from protocol.conformance.checks.info import accountant_note, privacy_problems
 from protocol.conformance.connection import plaintext_connection
 from protocol.conformance.noise_stats import lower_std_threshold, upper_std_threshold
 from protocol.conformance.recorder import Failure, Received, Recorder
-from protocol.conformance.registry import select_checks
+from protocol.conformance.registry import CHECKS, Check, check, select_checks
 from protocol.conformance.scan import canary_hits, error_contract_problems, protocol_reasons
 from protocol.conformance.wire import undeclared_fields
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
@@ -54,6 +55,45 @@ def test_tiny_checkpoint_passes_the_protocol_validator(tmp_path):
     checked = validate_checkpoint_dir(write_checkpoint(tiny_checkpoint_files(3), tmp_path / "ckpt"))
     assert checked.config["architectures"] == ["Qwen2ForCausalLM"]
     assert tiny_checkpoint_files(3) == tiny_checkpoint_files(3), "the checkpoint is deterministic per seed"
+
+
+def test_checks_live_in_the_registry_with_one_registration_style(monkeypatch):
+    assert [entry.name for entry in CHECKS] == sorted(c.id for c in all_checks())
+    assert CHECKS.entry_point_group == "target_feedback.conformance_checks"
+    with pytest.raises(ValueError, match="conformance check 'rpc.latency' is already registered"):
+        check("rpc.latency", title="again", rationale="x" * 40, order=1)(lambda ctx: None)
+    scratch = CHECKS.copy()
+    monkeypatch.setattr("protocol.conformance.registry.CHECKS", scratch)
+
+    @check("zz.plugin", title="A plug-in check", rationale="registered by a third party, in its place", order=999)
+    def plugin_check(ctx):
+        return "seen"
+
+    assert isinstance(plugin_check, Check) and plugin_check(None) == "seen"  # still callable as a function
+    assert all_checks()[-2:] == [plugin_check, CHECKS.get("budget.exhaustion")]  # order 999 < 1000
+    assert "zz.plugin" not in CHECKS  # the real registry is untouched
+    with pytest.raises(TypeError, match="must be a Check"):
+        scratch.add("zz.bare", lambda ctx: None)
+    with pytest.raises(ValueError, match="registered under another id"):
+        scratch.add("zz.other", plugin_check)
+
+
+def _card(accountant: str) -> pb.GetInfoResponse:
+    privacy = pb.PrivacyParameters(
+        enabled=True, epsilon_budget=4.0, delta=1e-6, planned_releases=10, sample_rate=0.5, noise_multiplier=2.0,
+        accountant=accountant, expected_sample_size=50.0, noise_std=2.0 / 50.0,
+    )
+    return pb.GetInfoResponse(heldout_size=100, privacy=privacy)
+
+
+def test_any_named_accountant_is_accepted_and_the_note_says_what_the_suite_knows():
+    for name in ("rdp", "prv", "gdp-by-another-vendor"):
+        assert privacy_problems(_card(name)) == []
+    assert privacy_problems(_card(" ")) == [
+        "privacy.accountant is empty: the card must name the accountant that composes the releases"]
+    assert "a privacy filter" in accountant_note("rdp")
+    assert "heuristic" in accountant_note("prv")
+    assert "not one this suite ships" in accountant_note("gdp-by-another-vendor")
 
 
 def _field(number: int, payload: bytes) -> bytes:

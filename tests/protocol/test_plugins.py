@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from protocol.plugins import Registry, UnknownEntry
+from protocol.plugins import Registry, UnknownEntry, subclass_entries
 
 
 def test_register_lookup_and_duplicates():
@@ -58,3 +58,74 @@ def test_a_broken_plugin_names_itself(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: points.get(group, []))
     with pytest.raises(ImportError, match="plug-in 'bad' .*pkg.bad:X.*RuntimeError: boom"):
         Registry("broken").names()
+
+
+def test_noun_names_one_entry_in_messages_and_non_names_are_unknown():
+    registry: Registry = Registry("sprockets", noun="sprocket")
+    registry.add("a", 1)
+    assert registry.entry_point_group == "target_feedback.sprockets"
+    with pytest.raises(UnknownEntry, match="unknown sprocket 'b'; known: a"):
+        registry.get("b")
+    with pytest.raises(UnknownEntry, match="known: a"):
+        registry.get(["a"])  # unhashable: still an unknown name, not a TypeError
+    with pytest.raises(ValueError, match="sprocket 'a' is already registered"):
+        registry.add("a", 2)
+
+
+def test_on_add_refuses_foreign_values_and_stamps_names():
+    class Base:
+        name = ""
+
+    registry: Registry = Registry("parts", noun="part", on_add=subclass_entries(Base, "part"))
+
+    @registry.register("cog")
+    class Cog(Base):
+        pass
+
+    assert Cog.name == "cog"
+    with pytest.raises(TypeError, match="part 'dict': dict is not a subclass of Base"):
+        registry.add("dict", dict)
+    with pytest.raises(ValueError, match="declares name 'other' but is registered as 'gear'"):
+        registry.add("gear", type("Gear", (Base,), {"name": "other"}))
+    with pytest.raises(TypeError, match="must be a Base subclass"):
+        registry.add("fn", lambda: Base())
+    assert registry.names() == ["cog"]  # nothing refused was stored
+    factories: Registry = Registry("makers", on_add=subclass_entries(Base, "maker", factories=True))
+    factories.add("fn", lambda: Base())
+
+
+def test_copy_isolates_throwaway_entries():
+    registry: Registry = Registry("bolts", builtins=lambda: registry.add("m4", 4))
+    twin = registry.copy()
+    twin.add("m5", 5)
+    assert twin.names() == ["m4", "m5"] and registry.names() == ["m4"]
+
+
+def test_a_plugin_cannot_take_a_builtin_name(monkeypatch):
+    class Builtin:
+        pass
+
+    class Impostor:
+        pass
+
+    points = {"target_feedback.nuts": [_FakePoint("hex", "evil.mod:Impostor", Impostor)]}
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: points.get(group, []))
+    registry: Registry = Registry("nuts", builtins=lambda: registry.add("hex", Builtin))
+    with pytest.raises(ValueError, match="plug-in 'hex' .*evil.mod:Impostor.* already registered by builtin"):
+        registry.names()
+
+
+def test_a_plugin_module_that_registers_itself_is_not_a_duplicate(monkeypatch):
+    registry: Registry = Registry("washers")
+
+    class SelfRegistered:  # what `@registry.register("flat")` in the plug-in's module does on import
+        pass
+
+    def load():
+        registry.add("flat", SelfRegistered, source="entry point pkg:SelfRegistered")
+        return SelfRegistered
+
+    point = _FakePoint("flat", "pkg:SelfRegistered", None)
+    point.load = load
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point])
+    assert registry.get("flat") is SelfRegistered

@@ -12,16 +12,17 @@ import json
 import pytest
 
 from protocol.privacy import (
+    ACCOUNTANTS,
     Accountant,
     AccountingError,
     SampledGaussianEvent,
     accountant_names,
     build_accountant,
     calibrate_noise_multiplier,
-    register_accountant,
     releases_remaining,
 )
-from protocol.privacy.accountants import PrvAccountant
+from protocol.privacy import accountants as accountants_module
+from protocol.privacy.accountants import PrvAccountant, check_accountant_name
 
 DELTA = 1e-6
 # Cheap for both accountants (PRV's cost grows with the number of releases).
@@ -35,13 +36,32 @@ def test_registry_names() -> None:
 
 
 def test_unknown_accountant_lists_known_names() -> None:
-    with pytest.raises(ValueError, match="known: prv, rdp"):
+    with pytest.raises(ValueError, match="unknown accountant 'gdp'; known: prv, rdp"):
         build_accountant("gdp")
+    with pytest.raises(ValueError, match="known: prv, rdp"):
+        build_accountant(["rdp"])  # type: ignore[arg-type]  (not a name at all)
+    with pytest.raises(ValueError, match="known: prv, rdp"):
+        check_accountant_name("RDP")
+    assert check_accountant_name("prv") == "prv"
 
 
-def test_duplicate_registration_is_refused() -> None:
+def test_duplicate_and_foreign_registrations_are_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        register_accountant("rdp")(type("Other", (Accountant,), {"_epsilon": lambda self, e, d: 0.0}))
+        ACCOUNTANTS.register("rdp")(type("Other", (Accountant,), {"_epsilon": lambda self, e, d: 0.0}))
+    with pytest.raises(TypeError, match="not a subclass of Accountant"):
+        ACCOUNTANTS.copy().register("dict")(dict)
+
+
+@pytest.mark.parametrize("entry", list(ACCOUNTANTS), ids=lambda entry: entry.name)
+def test_every_accountant_declares_whether_its_budget_check_is_a_privacy_filter(entry) -> None:
+    assert isinstance(entry.value.valid_privacy_filter, bool)
+    assert build_accountant(entry.name).state_dict()["accountant"] == entry.name
+
+
+def test_rdp_is_a_privacy_filter_and_prv_is_not() -> None:
+    # docs/PRIVACY.md: the pre-release budget check is a filter for Renyi DP, heuristic for PRV.
+    assert ACCOUNTANTS.get("rdp").valid_privacy_filter is True
+    assert ACCOUNTANTS.get("prv").valid_privacy_filter is False
 
 
 def test_rdp_known_figure() -> None:
@@ -155,6 +175,35 @@ def test_calibration_round_trip(name: str, sample_rate: float, releases: int) ->
     assert spent > 1.0 - 0.05  # the search stops within opacus' 0.01 tolerance (+ slack)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")  # opacus' own, at q = 1
+@pytest.mark.parametrize("name, sample_rate, releases", [("rdp", 0.1, 500), ("prv", 1.0, 5)])
+def test_calibration_equals_opacus_search(name: str, sample_rate: float, releases: int) -> None:
+    # The search runs on our accountant; for the opacus-backed ones it lands on opacus' own z.
+    from opacus.accountants.utils import get_noise_multiplier
+
+    extra = {"eps_error": PrvAccountant.eps_error} if ACCOUNTANTS.get(name) is PrvAccountant else {}
+    expected = get_noise_multiplier(
+        target_epsilon=1.0, target_delta=DELTA, sample_rate=sample_rate, steps=releases, accountant=name, **extra
+    )
+    assert calibrate_noise_multiplier(1.0, DELTA, sample_rate, releases, accountant=name) == expected
+
+
+class _LinearAccountant(Accountant):
+    """A toy third-party accountant: epsilon = releases / z (monotone, closed form)."""
+
+    def _epsilon(self, events, delta):
+        return sum(event.count / event.noise_multiplier for event in events)
+
+
+def test_calibration_works_for_any_registered_accountant(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = ACCOUNTANTS.copy()
+    registry.register("linear")(_LinearAccountant)
+    monkeypatch.setattr(accountants_module, "ACCOUNTANTS", registry)
+    z = calibrate_noise_multiplier(2.0, DELTA, 0.5, 10, accountant="linear")
+    assert 10 / z <= 2.0 and 10 / z > 2.0 - 0.01  # z just above 5, within the search tolerance
+    assert build_accountant("linear").name == "linear"
+
+
 def test_calibration_refuses_bad_inputs() -> None:
     with pytest.raises(ValueError, match="target_epsilon"):
         calibrate_noise_multiplier(0.0, DELTA, 0.1, 10)
@@ -162,6 +211,8 @@ def test_calibration_refuses_bad_inputs() -> None:
         calibrate_noise_multiplier(1.0, DELTA, 0.1, 0)
     with pytest.raises(ValueError, match="known"):
         calibrate_noise_multiplier(1.0, DELTA, 0.1, 10, accountant="nope")
+    with pytest.raises(ValueError, match="budget is too low"):
+        calibrate_noise_multiplier(1e-9, DELTA, 1.0, 10)
 
 
 def test_releases_remaining_matches_calibration() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import pytest
@@ -31,19 +32,34 @@ def test_build_engine_passes_device_and_options(policy) -> None:
 
 
 def test_unknown_engine_lists_known_names(policy) -> None:
-    with pytest.raises(ValueError, match="unknown engine 'nope'.*transformers.*vllm"):
+    with pytest.raises(ValueError, match="unknown engine 'nope'; known: transformers, vllm"):
         registry.build_engine("nope", *policy)
 
 
-def test_duplicate_registration_is_refused() -> None:
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register_engine("transformers", TransformersEngine)
+def test_duplicate_and_foreign_registrations_are_refused() -> None:
+    with pytest.raises(ValueError, match="engine 'transformers' is already registered"):
+        registry.ENGINES.register("transformers")(TransformersEngine)
+    with pytest.raises(TypeError, match="not a subclass of GenerationEngine"):
+        registry.ENGINES.copy().register("dict")(dict)
 
 
-def test_register_engine_works_as_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+def test_registered_engines_carry_their_registered_name() -> None:
+    for entry in registry.ENGINES:
+        assert entry.value.name == entry.name
 
-    @registry.register_engine("echo")
+
+@pytest.mark.parametrize("entry", list(registry.ENGINES), ids=lambda entry: entry.name)
+def test_every_engine_takes_the_same_constructor_input(entry) -> None:
+    # verl PR #7473's lesson: one input for every entry, so no caller special-cases an engine
+    # (the owner's batch size travels in generate(shape=FixedShape(...)), not as an option).
+    inspect.signature(entry.value).bind("model", "tokenizer", device="cpu")
+    assert "shape" in inspect.signature(entry.value.generate).parameters
+
+
+def test_an_engine_registers_with_the_registry_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "ENGINES", registry.ENGINES.copy())
+
+    @registry.ENGINES.register("echo")
     class EchoEngine(GenerationEngine):
         def __init__(self, model, tokenizer, device="cpu", **options):
             self.options = options
@@ -52,7 +68,8 @@ def test_register_engine_works_as_decorator(monkeypatch: pytest.MonkeyPatch) -> 
             return [[] for _ in prompts]
 
     engine = registry.build_engine("echo", None, None, flavour="x")
-    assert isinstance(engine, EchoEngine) and engine.options == {"flavour": "x"}
+    assert isinstance(engine, EchoEngine) and engine.options == {"flavour": "x"} and engine.name == "echo"
+    assert "echo" in registry.engine_names()
 
 
 def test_vllm_module_imports_without_vllm_and_engine_says_how_to_install(

@@ -1,20 +1,24 @@
-"""Answer extraction, the verifier registry, and score_example's dispatch and clamping."""
+"""Answer extraction, the verifier registry (built-ins and entry-point plug-ins), and
+score_example's dispatch and clamping."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.io import read_examples, write_examples
 from rlvr_core.verifiers import (
+    VERIFIERS,
     Verifier,
     base,
     check_examples,
     extract_answer,
     get_verifier,
-    register_verifier,
     score_example,
     verifier_names,
 )
@@ -64,38 +68,89 @@ def test_unknown_verifier_lists_known_names():
 
 @pytest.fixture
 def scratch_registry(monkeypatch):
-    """Register test verifiers without leaking them into other tests."""
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    monkeypatch.setattr(base, "_INSTANCES", dict(base._INSTANCES))
+    """Register test verifiers in a copy of the registry, so none leaks into other tests."""
+    scratch = VERIFIERS.copy()
+    monkeypatch.setattr(base, "VERIFIERS", scratch)
+    return scratch
 
 
 def test_duplicate_and_invalid_registrations_are_rejected(scratch_registry):
     class Again(Verifier):
-        name = "exact_match"
+        def score(self, completion, example):
+            return 1.0
+
+    with pytest.raises(ValueError, match="verifier 'exact_match' is already registered"):
+        scratch_registry.register("exact_match")(Again)
+
+    class Misnamed(Verifier):
+        name = "something_else"
 
         def score(self, completion, example):
             return 1.0
 
-    with pytest.raises(ValueError, match="already registered"):
-        register_verifier(Again)
-
-    class Nameless(Verifier):
-        def score(self, completion, example):
-            return 1.0
-
-    with pytest.raises(ValueError, match="non-empty class attribute `name`"):
-        register_verifier(Nameless)
-    with pytest.raises(TypeError):
-        register_verifier(object)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="declares name 'something_else' but is registered as 'mine'"):
+        scratch_registry.register("mine")(Misnamed)
+    with pytest.raises(TypeError, match="not a subclass of Verifier"):
+        scratch_registry.register("object")(object)
     assert verifier_names() == ["exact_match", "math_verify", "reasoning_gym"]
+
+
+@pytest.fixture
+def acme_plugin(tmp_path, monkeypatch, scratch_registry):
+    """An organization's own verifier, installed nowhere: a module on sys.path and a faked
+    entry point, exactly what `pip install acme-verifiers` would provide."""
+    (tmp_path / "acme_verifiers.py").write_text(textwrap.dedent('''
+        from rlvr_core.verifiers import Verifier, extract_answer
+
+        class DigitSumVerifier(Verifier):
+            """1.0 when the answer is the sum of the gold answer's digits."""
+
+            def score(self, completion, example):
+                digits = [int(c) for c in example.answer if c.isdigit()]
+                return 1.0 if extract_answer(completion) == str(sum(digits)) else 0.0
+
+            def check_example(self, example):
+                if not any(c.isdigit() for c in example.answer):
+                    raise ValueError("acme_digit_sum: the gold answer has no digits")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = importlib.metadata.EntryPoint(
+        name="acme_digit_sum", value="acme_verifiers:DigitSumVerifier", group="target_feedback.verifiers"
+    )
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: [point] if group == point.group else []
+    )
+    yield
+    sys.modules.pop("acme_verifiers", None)
+
+
+def test_a_third_party_verifier_arrives_through_its_entry_point(acme_plugin, tmp_path):
+    assert verifier_names() == ["acme_digit_sum", "exact_match", "math_verify", "reasoning_gym"]
+    verifier = get_verifier("acme_digit_sum")
+    assert verifier.name == "acme_digit_sum" and type(verifier).__module__ == "acme_verifiers"
+    assert "entry point acme_verifiers:DigitSumVerifier" in base.VERIFIERS.entry("acme_digit_sum").source
+    row = Example("a", "p", "123", verifier="acme_digit_sum")
+    assert score_example("Answer: 6", row) == 1.0 and score_example("7", row) == 0.0
+    # The data edge accepts rows naming it, and its own check runs there.
+    write_examples(tmp_path / "rows.jsonl", [row])
+    assert read_examples(tmp_path / "rows.jsonl")[0].verifier == "acme_digit_sum"
+    with pytest.raises(ValueError, match="example 0: acme_digit_sum: the gold answer has no digits"):
+        check_examples([Example("b", "p", "none", verifier="acme_digit_sum")])
+
+
+def test_a_broken_verifier_plugin_names_itself(scratch_registry, monkeypatch):
+    point = importlib.metadata.EntryPoint(
+        name="broken", value="no_such_module_xyz:Verifier", group="target_feedback.verifiers"
+    )
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point])
+    with pytest.raises(ImportError, match="verifier plug-in 'broken' .no_such_module_xyz:Verifier"):
+        get_verifier("exact_match")
 
 
 @pytest.mark.parametrize("raw, clamped", [(2.0, 1.0), (-0.5, 0.0), (float("nan"), 0.0), (0.25, 0.25), (True, 1.0)])
 def test_score_example_clamps(scratch_registry, raw, clamped):
-    @register_verifier
+    @scratch_registry.register("fixed")
     class Fixed(Verifier):
-        name = "fixed"
-
         def score(self, completion, example):
             return raw
 
@@ -103,17 +158,13 @@ def test_score_example_clamps(scratch_registry, raw, clamped):
 
 
 def test_score_example_turns_verifier_errors_into_zero(scratch_registry, caplog):
-    @register_verifier
+    @scratch_registry.register("broken")
     class Broken(Verifier):
-        name = "broken"
-
         def score(self, completion, example):
             raise RuntimeError(f"cannot score {example.answer}")
 
-    @register_verifier
+    @scratch_registry.register("not_a_number")
     class NotANumber(Verifier):
-        name = "not_a_number"
-
         def score(self, completion, example):
             return "high"
 

@@ -41,7 +41,7 @@ def test_minimal_config_gets_defaults_and_resolves_paths(tmp_path):
         ("privacy", "delta = 2", "privacy.delta: must be in (0, 1); got 2"),
         ("privacy", "epsilon_budget = -1", "privacy.epsilon_budget: must be a positive"),
         ("privacy", "sample_rate = 0", "privacy.sample_rate: must be in (0, 1]"),
-        ("privacy", 'accountant = "gdp"', "privacy.accountant"),
+        ("privacy", 'accountant = "gdp"', "privacy.accountant: unknown accountant 'gdp'; known: prv, rdp"),
         ("privacy", "noise_multiplier = 1.0", "privacy.noise_multiplier: unknown setting"),
         (
             "evaluation",
@@ -112,3 +112,16 @@ def test_test_split_is_off_unless_switched_on(tmp_path):
 def test_state_marker_default_moves_beside_a_storage_dir_that_holds_the_config(tmp_path):
     config = load_config(_write(tmp_path, MINIMAL.replace('dir = "storage"', 'dir = "."')))
     assert config.storage.state_marker_path == tmp_path.parent / ".target-owner-node-state.json"
+
+
+def test_accountant_is_any_registered_accountant(monkeypatch):
+    # Validated against the accountant registry, not a hard-coded list: a plug-in's name is accepted.
+    from protocol.privacy import accountants
+    from target_owner_node.config import PrivacyConfig
+
+    scratch = accountants.ACCOUNTANTS.copy()
+    scratch.register("mine")(type("Mine", (accountants.RdpAccountant,), {}))
+    monkeypatch.setattr(accountants, "ACCOUNTANTS", scratch)
+    assert PrivacyConfig(accountant="mine").accountant == "mine"
+    with pytest.raises(ValueError, match="unknown accountant 'gdp'; known: mine, prv, rdp"):
+        PrivacyConfig(accountant="gdp")

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from trainer_node.grpo.advantages import (
+    ADVANTAGES,
     AdvantageInput,
     advantage_names,
     compute_advantages,
     get_advantage,
-    register_advantage,
 )
 
 
@@ -31,7 +31,7 @@ def test_dr_grpo_is_reward_minus_group_mean():
     assert out == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.0, -0.5, 0.5], abs=1e-12)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
+@pytest.mark.parametrize("name", advantage_names())
 def test_zero_variance_and_singleton_groups_get_zero(name):
     out = adv(name, [1, 1, 1, 0.3, 0, 1], [0, 0, 0, 1, 2, 2])
     assert out[:4] == [0.0, 0.0, 0.0, 0.0]
@@ -44,12 +44,25 @@ def test_interleaved_group_ids_match_contiguous():
     assert interleaved == pytest.approx([contiguous[0], contiguous[2], contiguous[1], contiguous[3]])
 
 
+@pytest.mark.parametrize("name", advantage_names())
+def test_every_estimator_is_centred_per_group_with_one_value_per_rollout(name):
+    # The contract of an entry: (AdvantageInput) -> (N,), same dtype, each group's advantages sum to 0.
+    rewards, groups = [1.0, 0.0, 0.5, 0.2, 0.9, 0.4, 0.4], [0, 0, 0, 1, 1, 2, 2]
+    out = compute_advantages(name, AdvantageInput(torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups)))
+    assert out.shape == (7,) and out.dtype == torch.float64 and torch.isfinite(out).all()
+    for group in range(3):
+        assert float(out[torch.tensor(groups) == group].sum()) == pytest.approx(0.0, abs=1e-9)
+
+
 def test_registry_rejects_duplicates_and_lists_names_on_miss():
-    with pytest.raises(ValueError, match="already registered"):
-        register_advantage("grpo")(lambda inputs: inputs.rewards)
-    with pytest.raises(ValueError, match="known: dr_grpo, grpo"):
+    with pytest.raises(ValueError, match="advantage estimator 'grpo' is already registered"):
+        ADVANTAGES.register("grpo")(lambda inputs: inputs.rewards)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'; known: dr_grpo, grpo"):
         get_advantage("nope")
+    with pytest.raises(TypeError, match="must be a function"):
+        ADVANTAGES.copy().register("constant")(0.5)
     assert {"grpo", "dr_grpo"} <= set(advantage_names())
+    assert ADVANTAGES.entry_point_group == "target_feedback.advantages"
 
 
 def test_shape_mismatch_is_rejected():

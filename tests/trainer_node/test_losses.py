@@ -5,12 +5,14 @@ import torch
 
 from trainer_node.grpo.batch import PolicyBatch
 from trainer_node.grpo.losses import (
+    AGGREGATIONS,
+    LOSSES,
     LossSettings,
+    aggregation_names,
     get_aggregation,
     get_loss,
     k3_kl,
-    register_aggregation,
-    register_loss,
+    loss_names,
 )
 
 LOSS = get_loss("ppo_clip")
@@ -115,11 +117,37 @@ def test_sample_weights_scale_rows_and_zero_drops_them():
 
 
 def test_registries_reject_duplicates_and_list_names():
-    with pytest.raises(ValueError, match="already registered"):
-        register_loss("ppo_clip")(LOSS)
-    with pytest.raises(ValueError, match="already registered"):
-        register_aggregation("token_mean")(get_aggregation("token_mean"))
-    with pytest.raises(ValueError, match="known: ppo_clip"):
+    with pytest.raises(ValueError, match="policy loss 'ppo_clip' is already registered"):
+        LOSSES.register("ppo_clip")(LOSS)
+    with pytest.raises(ValueError, match="loss aggregation 'token_mean' is already registered"):
+        AGGREGATIONS.register("token_mean")(get_aggregation("token_mean"))
+    with pytest.raises(ValueError, match="unknown policy loss 'reinforce'; known: ppo_clip"):
         get_loss("reinforce")
-    with pytest.raises(ValueError, match="seq_mean, token_mean"):
+    with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; known: seq_mean, token_mean"):
         get_aggregation("sum")
+    assert (LOSSES.entry_point_group, AGGREGATIONS.entry_point_group) == (
+        "target_feedback.losses", "target_feedback.loss_aggregations")
+
+
+def _ragged_batch():
+    logprobs, batch = make_batch(
+        [[1.0, 1.2, 0.7, 1.0], [1.0, 0.9, 1.0, 1.0], [1.0, 1.4, 0.6, 0.8], [1.0, 1.0, 1.1, 1.0]],
+        [0.5, -1.0, 2.0, -0.3],
+        [[0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1]],
+    )
+    return logprobs, batch
+
+
+@pytest.mark.parametrize("loss", loss_names())
+@pytest.mark.parametrize("aggregation", aggregation_names())
+def test_every_loss_and_aggregation_adds_up_over_micro_batches(loss, aggregation):
+    # The contract the trainer's grad accumulation relies on, for every pair of entries.
+    logprobs, batch = _ragged_batch()
+    settings = LossSettings(aggregation=aggregation)
+    full = get_loss(loss)(logprobs, batch, settings)
+    assert full.loss.dim() == 0 and full.loss.requires_grad
+    parts, start, summed = batch.split(2), 0, 0.0
+    for part in parts:
+        summed += get_loss(loss)(logprobs[start : start + part.size], part, settings).loss.item()
+        start += part.size
+    assert summed == pytest.approx(full.loss.item(), abs=1e-12)

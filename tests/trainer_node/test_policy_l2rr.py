@@ -20,10 +20,13 @@ from tests.trainer_node.test_policy_fakes import (
 )
 from trainer_node.policies.base import Group, PolicySettings, StepRollouts, build_policy
 from trainer_node.policies.l2rr_estimators import (
+    ESTIMATORS,
     EstimatorSettings,
     HypergradientEstimate,
+    HypergradientEstimator,
     SpsaEstimator,
     build_estimator,
+    estimator_names,
 )
 from trainer_node.policies.l2rr_rules import (
     PromptHistory,
@@ -293,8 +296,35 @@ def test_uniform_q_ablation_never_queries():
 def test_unknown_estimator_lists_known():
     with pytest.raises(ValueError, match="lookahead"):
         l2rr(make_pool(), estimator="bogus")
-    with pytest.raises(ValueError, match="known: lookahead, spsa"):
+    with pytest.raises(ValueError, match="unknown hypergradient estimator 'bogus'; known: lookahead, spsa"):
         build_estimator("bogus", EstimatorSettings())
+
+
+def test_estimator_registry_refuses_duplicates_and_foreign_classes():
+    with pytest.raises(ValueError, match="hypergradient estimator 'spsa' is already registered"):
+        ESTIMATORS.register("spsa")(type("Again", (SpsaEstimator,), {}))
+    with pytest.raises(TypeError, match="not a subclass of HypergradientEstimator"):
+        ESTIMATORS.copy().register("dict")(dict)
+    assert ESTIMATORS.entry_point_group == "target_feedback.hypergradient_estimators"
+
+
+@pytest.mark.parametrize("name", estimator_names())
+def test_every_estimator_spends_one_query_and_round_trips_its_state(name):
+    # The contract L2RR relies on for any entry: same settings in, one feedback call per estimate,
+    # (C,) gradient and observed mask, None when nothing was released, a JSON state that resumes.
+    pool = make_pool(per_cluster=2)
+    batch = [Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 2, 4)]
+    clusters, q = np.array([0, 1, 2]), np.full(4, 0.25)
+    estimator = build_estimator(name, EstimatorSettings())
+    assert isinstance(estimator, HypergradientEstimator) and estimator.name == name
+    owner = feedback({"geometry": 1.0})
+    estimate = estimator.estimate(batch, clusters, q, owner, np.random.default_rng(0))
+    assert len(owner.calls) == 1
+    assert estimate.grad.shape == (4,) and estimate.observed.shape == (4,) and not estimate.observed[3]
+    assert estimator.estimate(batch, clusters, q, feedback({}, fail=True), np.random.default_rng(0)) is None
+    resumed = build_estimator(name, EstimatorSettings())
+    resumed.load_state_dict(json.loads(json.dumps(estimator.state_dict())))
+    assert resumed.state_dict() == estimator.state_dict()
 
 
 def test_bad_checkpoint_changes_nothing():

@@ -4,8 +4,10 @@ Every estimator has one signature: `(AdvantageInput) -> Tensor (N,)`. Groups may
 different sizes (adaptive rollout allocation gives each prompt its own n), so rewards come
 flat with a group index per rollout instead of as a (G, n) matrix.
 
-To add one: write a function taking AdvantageInput and decorate it with
-@register_advantage("name"). The config field `grpo.advantage` selects it.
+To add one:
+    @ADVANTAGES.register("mine")
+    def mine(inputs: AdvantageInput) -> torch.Tensor: ...   # (N,)
+and select it with `grpo.advantage = "mine"` (a plug-in: entry point `target_feedback.advantages`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from protocol.plugins import Registry, callable_entries
 
 
 @dataclass(frozen=True)
@@ -31,27 +35,20 @@ class AdvantageInput:
 
 
 AdvantageFn = Callable[[AdvantageInput], torch.Tensor]
-_REGISTRY: dict[str, AdvantageFn] = {}
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def add(fn: AdvantageFn) -> AdvantageFn:
-        if name in _REGISTRY:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+# The estimators are defined below, so the registry needs no lazy built-ins.
+ADVANTAGES: Registry[AdvantageFn] = Registry(
+    "advantages", noun="advantage estimator", on_add=callable_entries("advantage estimator")
+)
 
 
 def advantage_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return ADVANTAGES.names()
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(advantage_names())}")
-    return _REGISTRY[name]
+    return ADVANTAGES.get(name)
 
 
 def compute_advantages(name: str, inputs: AdvantageInput) -> torch.Tensor:
@@ -86,7 +83,7 @@ def group_stats(inputs: AdvantageInput) -> GroupStats:
     return GroupStats(mean=mean, std=std, zero_variance=zero_variance)
 
 
-@register_advantage("grpo")
+@ADVANTAGES.register("grpo")
 def grpo_advantage(inputs: AdvantageInput) -> torch.Tensor:
     """GRPO: (r - mean_g) / (std_g + eps). Zero-variance groups get exactly 0."""
     stats = group_stats(inputs)
@@ -94,7 +91,7 @@ def grpo_advantage(inputs: AdvantageInput) -> torch.Tensor:
     return torch.where(stats.zero_variance, torch.zeros_like(adv), adv).to(inputs.rewards.dtype)
 
 
-@register_advantage("dr_grpo")
+@ADVANTAGES.register("dr_grpo")
 def dr_grpo_advantage(inputs: AdvantageInput) -> torch.Tensor:
     """Dr. GRPO: r - mean_g, no std normalisation (removes the difficulty bias of /std)."""
     stats = group_stats(inputs)

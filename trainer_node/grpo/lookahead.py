@@ -1,13 +1,23 @@
 """One-step lookahead updates that leave the live model and optimizer untouched.
 
 L2RR scores a candidate data reweighting by the target accuracy of the model ONE update
-after training on the reweighted batch. Two step rules, chosen by grpo.lookahead:
+after training on the reweighted batch. The step is taken by a lookahead optimizer from the
+`LOOKAHEAD_OPTIMIZERS` registry, chosen by grpo.lookahead:
 
 - "adamw" (default): replay exactly what the live AdamW would do next, from a copy of its
-  state (exp_avg, exp_avg_sq, step). A candidate with all weights 1 then equals the real
-  next update, so the owner scores the update that will actually be taken. Adam's
-  per-coordinate normalisation also keeps candidates of different total weight comparable.
-- "sgd": p - lr * g. Cheaper (no state reads) but its step size depends on gradient scale.
+  state (exp_avg, exp_avg_sq, step), weight decay included. A candidate with all weights 1
+  then equals the real next update, so the owner scores the update that will actually be
+  taken. Adam's per-coordinate normalisation also keeps candidates of different total weight
+  comparable.
+- "sgd": p - lr * g, no weight decay. Cheaper (no state reads) but its step size depends on
+  gradient scale.
+
+Each entry is a step rule `(param, grad, hyper, optimizer_state) -> new param`, computed out of
+place; the rule alone decides what of `hyper` and of the live optimizer's state it uses, so the
+trainer passes every rule the same input. To add one:
+    @LOOKAHEAD_OPTIMIZERS.register("mine")
+    def mine_step(param, grad, hyper: LookaheadHyper, state: dict) -> torch.Tensor: ...
+and select it with `grpo.lookahead = "mine"` (a plug-in: entry point `target_feedback.lookahead_optimizers`).
 """
 
 from __future__ import annotations
@@ -16,10 +26,27 @@ from collections.abc import Callable
 
 import torch
 
-StepRule = Callable[[torch.nn.Parameter, torch.Tensor, "LookaheadHyper", dict], torch.Tensor]
+from protocol.plugins import Registry, callable_entries
+
+StepRule = Callable[[torch.Tensor, torch.Tensor, "LookaheadHyper", dict], torch.Tensor]
+# The rules are defined below, so the registry needs no lazy built-ins.
+LOOKAHEAD_OPTIMIZERS: Registry[StepRule] = Registry(
+    "lookahead_optimizers", noun="lookahead optimizer", on_add=callable_entries("lookahead optimizer")
+)
+
+
+def lookahead_optimizer_names() -> list[str]:
+    return LOOKAHEAD_OPTIMIZERS.names()
+
+
+def get_lookahead_optimizer(name: str) -> StepRule:
+    """The step rule registered as `name`; ValueError listing the known ones."""
+    return LOOKAHEAD_OPTIMIZERS.get(name)
 
 
 class LookaheadHyper:
+    """The live optimizer's hyperparameters (a rule reads what it needs: SGD only `lr`)."""
+
     def __init__(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
         self.lr = lr
         self.betas = betas
@@ -27,6 +54,7 @@ class LookaheadHyper:
         self.weight_decay = weight_decay
 
 
+@LOOKAHEAD_OPTIMIZERS.register("adamw")
 def adamw_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper, state: dict) -> torch.Tensor:
     """torch.optim.AdamW's update (amsgrad off), computed out of place from a state copy."""
     beta1, beta2 = hyper.betas
@@ -40,11 +68,10 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper, s
     return decayed - (hyper.lr / bias1) * exp_avg / denom
 
 
+@LOOKAHEAD_OPTIMIZERS.register("sgd")
 def sgd_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper, state: dict) -> torch.Tensor:
+    """Plain SGD: p - lr * g (no weight decay, no optimizer state)."""
     return param - hyper.lr * grad
-
-
-STEP_RULES: dict[str, StepRule] = {"adamw": adamw_step, "sgd": sgd_step}
 
 
 def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
@@ -58,13 +85,10 @@ def stepped_state_dict(
     model: torch.nn.Module,
     grads: dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
-    rule: str,
+    step_fn: StepRule,
     hyper: LookaheadHyper,
 ) -> dict[str, torch.Tensor]:
-    """The model's full state dict after one step with `grads`; tied tensors stay tied by value."""
-    if rule not in STEP_RULES:
-        raise ValueError(f"unknown lookahead rule {rule!r}; known: {', '.join(sorted(STEP_RULES))}")
-    step_fn = STEP_RULES[rule]
+    """The model's full state dict after one `step_fn` step with `grads`; tied tensors stay tied by value."""
     updated: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for name, param in model.named_parameters():

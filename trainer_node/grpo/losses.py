@@ -11,7 +11,11 @@ add up exactly to the full-batch loss. Sample weights scale each row's contribut
 not change the normaliser: weights of 1 give the plain loss, and weight 0 drops a row
 (L2RR's lookahead candidates rely on this linearity).
 
-To add one: decorate a function with @register_loss("name") or @register_aggregation("name").
+To add one:
+    @LOSSES.register("mine")          # or @AGGREGATIONS.register("mine")
+    def mine(logprobs, batch, settings) -> LossOutput: ...   # (loss_tok, batch) -> scalar
+and select it with `grpo.loss` / `grpo.loss_aggregation` (plug-ins: entry points
+`target_feedback.losses` / `target_feedback.loss_aggregations`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.plugins import Registry, callable_entries
 from trainer_node.grpo.batch import PolicyBatch
 
 
@@ -40,48 +45,29 @@ class LossOutput:
 
 LossFn = Callable[[torch.Tensor, PolicyBatch, LossSettings], LossOutput]
 AggregationFn = Callable[[torch.Tensor, PolicyBatch], torch.Tensor]
-_LOSSES: dict[str, LossFn] = {}
-_AGGREGATIONS: dict[str, AggregationFn] = {}
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    def add(fn: LossFn) -> LossFn:
-        if name in _LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _LOSSES[name] = fn
-        return fn
-
-    return add
-
-
-def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
-    def add(fn: AggregationFn) -> AggregationFn:
-        if name in _AGGREGATIONS:
-            raise ValueError(f"loss aggregation {name!r} is already registered")
-        _AGGREGATIONS[name] = fn
-        return fn
-
-    return add
+# The entries are defined below, so neither registry needs lazy built-ins.
+LOSSES: Registry[LossFn] = Registry("losses", noun="policy loss", on_add=callable_entries("policy loss"))
+AGGREGATIONS: Registry[AggregationFn] = Registry(
+    "loss_aggregations", noun="loss aggregation", on_add=callable_entries("loss aggregation")
+)
 
 
 def loss_names() -> list[str]:
-    return sorted(_LOSSES)
+    return LOSSES.names()
 
 
 def aggregation_names() -> list[str]:
-    return sorted(_AGGREGATIONS)
+    return AGGREGATIONS.names()
 
 
 def get_loss(name: str) -> LossFn:
-    if name not in _LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; known: {', '.join(loss_names())}")
-    return _LOSSES[name]
+    return LOSSES.get(name)
 
 
 def get_aggregation(name: str) -> AggregationFn:
-    if name not in _AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation {name!r}; known: {', '.join(aggregation_names())}")
-    return _AGGREGATIONS[name]
+    return AGGREGATIONS.get(name)
 
 
 def _row_weights(batch: PolicyBatch, like: torch.Tensor) -> torch.Tensor:
@@ -90,7 +76,7 @@ def _row_weights(batch: PolicyBatch, like: torch.Tensor) -> torch.Tensor:
     return batch.sample_weights.to(like.dtype)
 
 
-@register_aggregation("token_mean")
+@AGGREGATIONS.register("token_mean")
 def token_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     """DAPO token-level: sum over every completion token / number of completion tokens."""
     mask = batch.completion_mask.to(loss_tok.dtype)
@@ -98,7 +84,7 @@ def token_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     return (per_row * _row_weights(batch, loss_tok)).sum() / batch.token_normaliser()
 
 
-@register_aggregation("seq_mean")
+@AGGREGATIONS.register("seq_mean")
 def seq_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     """Original GRPO: mean over each sequence's tokens, then mean over sequences."""
     mask = batch.completion_mask.to(loss_tok.dtype)
@@ -118,7 +104,7 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-@register_loss("ppo_clip")
+@LOSSES.register("ppo_clip")
 def ppo_clip_loss(logprobs: torch.Tensor, batch: PolicyBatch, settings: LossSettings) -> LossOutput:
     """PPO clipped surrogate with asymmetric (clip-higher) bounds, plus optional k3 KL.
 

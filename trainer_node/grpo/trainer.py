@@ -25,7 +25,12 @@ from rlvr_core.engines.base import GenerationEngine, SamplingParams
 from trainer_node.grpo.advantages import AdvantageInput, compute_advantages
 from trainer_node.grpo.batch import PolicyBatch, collate, flatten_groups
 from trainer_node.grpo.logprobs import token_logprobs
-from trainer_node.grpo.lookahead import LookaheadHyper, clip_gradients, stepped_state_dict
+from trainer_node.grpo.lookahead import (
+    LookaheadHyper,
+    clip_gradients,
+    get_lookahead_optimizer,
+    stepped_state_dict,
+)
 from trainer_node.grpo.losses import get_loss
 from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
@@ -74,6 +79,7 @@ class GRPOTrainer:
         self.feedback = feedback
         self.on_step_end = on_step_end
         self.loss_fn = get_loss(settings.loss)
+        self.lookahead_step = get_lookahead_optimizer(settings.lookahead)
         self.pad_id = _pad_id(tokenizer)
         self.model.eval()  # no dropout: see module docstring
         self.ref_model = _frozen_copy(model) if settings.loss_settings.kl_coef > 0 else None
@@ -210,8 +216,8 @@ class GRPOTrainer:
         """For each weight vector (one weight per group of `batch`), the parameters after ONE
         update from the current ones with the group-weighted loss; live state is untouched.
 
-        The update mirrors a real step (same loss, grad clipping) with the rule grpo.lookahead
-        (see grpo/lookahead.py for why AdamW-from-a-state-copy is the default).
+        The update mirrors a real step (same loss, grad clipping) with the lookahead optimizer
+        grpo.lookahead (see grpo/lookahead.py for why AdamW-from-a-state-copy is the default).
         """
         s = self.settings
         if not batch:
@@ -221,7 +227,7 @@ class GRPOTrainer:
             lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
             betas=s.betas,
             eps=s.adam_eps,
-            weight_decay=s.weight_decay if s.lookahead == "adamw" else 0.0,
+            weight_decay=s.weight_decay,  # the rule decides whether it decays (SGD does not)
         )
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         results = []
@@ -232,7 +238,7 @@ class GRPOTrainer:
             grads = self._gradients(weighted, [p for _, p in named])
             clipped = clip_gradients(grads, s.max_grad_norm)
             by_name = {n: g for (n, _), g in zip(named, clipped)}
-            results.append(stepped_state_dict(self.model, by_name, self.optimizer, s.lookahead, hyper))
+            results.append(stepped_state_dict(self.model, by_name, self.optimizer, self.lookahead_step, hyper))
         return results
 
     def _gradients(self, batch: PolicyBatch, params: list[torch.Tensor]) -> list[torch.Tensor]:

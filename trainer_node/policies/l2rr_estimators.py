@@ -9,8 +9,12 @@ the target accuracy of the model one update after training on the current batch:
 - "spsa": two candidates whose batch is importance-reweighted to the cluster mixes
   q * exp(+-c_k * Delta); g = (y+ - y-) / (2 c_k) * Delta. Estimates dAcc/d(log q).
 
-To add one: subclass HypergradientEstimator, set `name`, decorate with @register_estimator.
-Every estimator takes the same EstimatorSettings, so L2RR builds any of them the same way.
+To add one:
+    @ESTIMATORS.register("mine")
+    class Mine(HypergradientEstimator): def estimate(self, batch, batch_clusters, q, feedback, rng): ...
+and select it with the l2rr option `estimator = "mine"` (a plug-in: entry point
+`target_feedback.hypergradient_estimators`). Every estimator takes the same EstimatorSettings, so
+L2RR builds any of them the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from protocol.plugins import Registry, subclass_entries
 from trainer_node.policies.base import FeedbackContext, Group
 
 
@@ -43,7 +48,7 @@ class HypergradientEstimate:
 
 
 class HypergradientEstimator(ABC):
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by registration
 
     def __init__(self, settings: EstimatorSettings):
         self.settings = settings
@@ -66,27 +71,21 @@ class HypergradientEstimator(ABC):
         pass
 
 
-_ESTIMATORS: dict[str, type[HypergradientEstimator]] = {}
-
-
-def register_estimator(cls: type[HypergradientEstimator]) -> type[HypergradientEstimator]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} must set a non-empty `name`")
-    if cls.name in _ESTIMATORS:
-        raise ValueError(f"hypergradient estimator {cls.name!r} is already registered")
-    _ESTIMATORS[cls.name] = cls
-    return cls
+# The estimators are defined below, so the registry needs no lazy built-ins.
+ESTIMATORS: Registry[type[HypergradientEstimator]] = Registry(
+    "hypergradient_estimators",
+    noun="hypergradient estimator",
+    on_add=subclass_entries(HypergradientEstimator, "hypergradient estimator"),
+)
 
 
 def estimator_names() -> list[str]:
-    return sorted(_ESTIMATORS)
+    return ESTIMATORS.names()
 
 
 def build_estimator(name: str, settings: EstimatorSettings) -> HypergradientEstimator:
     """Create a registered estimator by name. Known names: see estimator_names()."""
-    if name not in _ESTIMATORS:
-        raise ValueError(f"unknown hypergradient estimator {name!r}; known: {', '.join(estimator_names())}")
-    return _ESTIMATORS[name](settings)
+    return ESTIMATORS.get(name)(settings)
 
 
 def _released(accuracies: Sequence[float], candidates: int, base_optional: bool = False) -> np.ndarray:
@@ -104,11 +103,9 @@ def _released(accuracies: Sequence[float], candidates: int, base_optional: bool 
     return values
 
 
-@register_estimator
+@ESTIMATORS.register("lookahead")
 class LookaheadEstimator(HypergradientEstimator):
     """Per-cluster one-step lookahead: a paired finite difference per cluster."""
-
-    name = "lookahead"
 
     def estimate(self, batch, batch_clusters, q, feedback, rng):
         present = np.unique(batch_clusters)
@@ -130,11 +127,9 @@ class LookaheadEstimator(HypergradientEstimator):
         return HypergradientEstimate(grad, observed)
 
 
-@register_estimator
+@ESTIMATORS.register("spsa")
 class SpsaEstimator(HypergradientEstimator):
     """Simultaneous-perturbation estimate from one paired (+, -) candidate query."""
-
-    name = "spsa"
 
     def __init__(self, settings: EstimatorSettings):
         super().__init__(settings)

@@ -66,6 +66,10 @@ def info_problems(info: pb.GetInfoResponse) -> list[str]:
 
 
 def privacy_problems(info: pb.GetInfoResponse) -> list[str]:
+    """Inconsistencies of the declared privacy parameters. Any non-empty accountant name is
+    accepted: a third-party server may compose with an accountant this project does not ship,
+    and the suite never re-derives epsilon from the name (it checks the budget arithmetic the
+    server reports); `accountant_note` says what the suite knows about the name."""
     q, p = info.privacy, []
     if not q.enabled:
         if q.noise_std != 0 or q.noise_multiplier != 0:
@@ -81,8 +85,8 @@ def privacy_problems(info: pb.GetInfoResponse) -> list[str]:
         p.append(f"privacy.sample_rate {q.sample_rate} not in (0, 1]")
     if not q.noise_multiplier > 0:
         p.append(f"privacy.noise_multiplier {q.noise_multiplier} must be > 0 when DP is on")
-    if q.accountant not in ("rdp", "prv"):
-        p.append(f"privacy.accountant {q.accountant!r} is not 'rdp' or 'prv'")
+    if not q.accountant.strip():
+        p.append("privacy.accountant is empty: the card must name the accountant that composes the releases")
     expected = q.sample_rate * info.heldout_size
     if not close(q.expected_sample_size, expected):
         p.append(f"privacy.expected_sample_size {q.expected_sample_size:g} != sample_rate * heldout_size = {expected:g}")
@@ -94,13 +98,26 @@ def privacy_problems(info: pb.GetInfoResponse) -> list[str]:
     return p
 
 
+def accountant_note(name: str) -> str:
+    """What this suite's accountant registry says about a declared accountant name."""
+    from protocol.privacy.accountants import ACCOUNTANTS
+
+    if name not in ACCOUNTANTS:
+        return f"accountant {name!r} (not one this suite ships: accepted, its epsilon taken as reported)"
+    if ACCOUNTANTS.get(name).valid_privacy_filter:
+        return f"accountant {name} (a privacy filter under adaptive composition)"
+    return f"accountant {name} (its budget check is heuristic under adaptive composition)"
+
+
 @check(
     "rpc.get_info.contract",
     title="GetInfo returns a sane, self-consistent public task card",
     rationale="""The trainer plans its budget from GetInfo: protocol_version must match, heldout_size >= 1, limits
     positive, upload allowlists free of pickle formats, and the privacy parameters consistent
     (expected_sample_size = sample_rate * heldout_size, noise_std = noise_multiplier / expected_sample_size,
-    delta < 1/heldout_size). Two calls must return identical bytes: the card is static.""",
+    delta < 1/heldout_size, a non-empty accountant name: any accountant is accepted, since the suite checks the
+    budget arithmetic the server reports, not the accountant's). Two calls must return identical bytes: the card
+    is static.""",
     order=10,
 )
 def get_info_contract(ctx: SuiteContext) -> str:
@@ -110,7 +127,12 @@ def get_info_contract(ctx: SuiteContext) -> str:
     again = ctx.info(refresh=True)
     expect(again.SerializeToString() == info.SerializeToString(), "two GetInfo calls returned different cards")
     q = info.privacy
-    dp = f"DP on, eps={q.epsilon_budget:g}, q={q.sample_rate:g}, noise_std={q.noise_std:.4g}" if q.enabled else "DP off"
+    dp = (
+        f"DP on, eps={q.epsilon_budget:g}, q={q.sample_rate:g}, noise_std={q.noise_std:.4g}, "
+        f"{accountant_note(q.accountant)}"
+        if q.enabled
+        else "DP off"
+    )
     return f"heldout_size={info.heldout_size}, {dp}"
 
 
