@@ -49,6 +49,14 @@ SIGTERM/SIGINT: health turns NOT_SERVING, in-flight calls finish, exit 0.
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rlvr_core.configuration import default_of
+    from target_owner_node.config import EvaluationConfig, PrivacyConfig
+
+    # Every default is the config model's (one definition); the flags only relay it.
+    epsilon = default_of(PrivacyConfig, "epsilon_budget")
+    sample_rate = default_of(PrivacyConfig, "sample_rate")
+    planned_releases = default_of(PrivacyConfig, "planned_releases")
+    prompt_tokens = default_of(EvaluationConfig, "max_prompt_tokens")
     parser = argparse.ArgumentParser(
         prog="target-owner-node",
         description=DESCRIPTION,
@@ -77,15 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--client-name", default="trainer", help="common name of the trainer's client certificate"
     )
-    init.add_argument("--epsilon", type=float, default=4.0, help="total privacy budget epsilon (default 4)")
-    init.add_argument("--sample-rate", type=float, default=0.1,
-                      help="Poisson subsampling rate q of each release (default 0.1; 1 = every row)")
-    init.add_argument("--planned-releases", type=int, default=500,
-                      help="single-candidate releases the budget must cover; sets the noise (default 500)")
+    init.add_argument("--epsilon", type=float, default=epsilon,
+                      help="total privacy budget epsilon (default %(default)s)")
+    init.add_argument("--sample-rate", type=float, default=sample_rate,
+                      help="Poisson subsampling rate q of each release (default %(default)s; 1 = every row)")
+    init.add_argument("--planned-releases", type=int, default=planned_releases,
+                      help="single-candidate releases the budget must cover; sets the noise "
+                           "(default %(default)s)")
     init.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
-    init.add_argument("--max-prompt-tokens", type=int, default=128, metavar="N",
+    init.add_argument("--max-prompt-tokens", type=int, default=prompt_tokens, metavar="N",
                       help="the PUBLIC prompt width: every held-out prompt is left-padded or cut to N tokens, so "
-                           "evaluation time never depends on which rows were drawn (default 128; choose it from "
+                           "evaluation time never depends on which rows were drawn (default %(default)s; "
+                           "choose it from "
                            "the task card, not from the held-out rows)")
     init.add_argument(
         "--enable-test-split",
@@ -162,10 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cert", type=Path, required=True, help="PEM server certificate")
     launch.add_argument("--key", type=Path, required=True, help="PEM private key of --cert")
     launch.add_argument("--no-dp", action="store_true", help="release exact accuracy (no privacy guarantee)")
-    launch.add_argument("--sample-rate", type=float, default=0.1, help="Poisson sampling rate q (default 0.1)")
-    launch.add_argument("--epsilon", type=float, default=4.0, help="total privacy budget epsilon (default 4)")
-    launch.add_argument("--planned-releases", type=int, default=500,
-                        help="single-candidate releases the budget must cover (default 500)")
+    launch.add_argument("--sample-rate", type=float, default=sample_rate,
+                        help="Poisson sampling rate q (default %(default)s)")
+    launch.add_argument("--epsilon", type=float, default=epsilon,
+                        help="total privacy budget epsilon (default %(default)s)")
+    launch.add_argument("--planned-releases", type=int, default=planned_releases,
+                        help="single-candidate releases the budget must cover (default %(default)s)")
     launch.add_argument("--verifier", default="per_example",
                         help="'per_example' (each row names its verifier) or one verifier for every row")
     launch.add_argument("--prompt-template", default=None, metavar="T",

@@ -1,8 +1,10 @@
 """The owner's configuration: one TOML file, validated once at the edge.
 
-Every error names the setting and says how to fix it, e.g.
-``privacy.delta: must be in (0, 1); got 2``. Relative paths are resolved against the folder
-of the config file, so a node folder can be moved as a whole.
+Built on the config edge both nodes share (rlvr_core/configuration.py): every error names the
+setting and says how to fix it, e.g. ``privacy.delta: must be in (0, 1); got 2``. Relative
+paths are resolved against the folder of the config file, so a node folder can be moved as a
+whole. Each default is defined once, here: `target-owner-node init` and `launch` read theirs
+from these models (`rlvr_core.configuration.default_of(PrivacyConfig, "epsilon_budget")`).
 
 The DP noise multiplier is deliberately NOT a setting: it is derived from
 (epsilon_budget, delta, sample_rate, planned_releases) by calibration, so the owner states
@@ -13,21 +15,19 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from rlvr_core.configuration import (
+    ConfigError,  # noqa: F401 - re-exported: callers catch it from here
+    ConfigPath,
+    Section,
+    config_dir,
+    load_toml,
+    validate,
+)
 from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
 from rlvr_core.verifiers import verifier_names
 
@@ -35,30 +35,14 @@ PER_EXAMPLE = "per_example"
 STATE_MARKER_NAME = ".target-owner-node-state.json"  # see target_owner_node.state_marker
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used. The message lists each bad setting and its fix."""
+REFERENCE = "`target-owner-node init`"  # writes a config with every section: where unknown-key errors point
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
-    """Resolve a relative path against the config file's folder (passed as context)."""
-    if value is None:
-        return None
-    base = (info.context or {}).get("base_dir")
-    value = Path(value).expanduser()
-    if not value.is_absolute() and base is not None:
-        value = Path(base) / value
-    return value
-
-
-class DataConfig(_Section):
-    heldout_path: Path = Field(
+class DataConfig(Section):
+    heldout_path: ConfigPath = Field(
         description="JSONL or parquet file of held-out examples (the private feedback split)."
     )
-    test_path: Path | None = Field(
+    test_path: ConfigPath | None = Field(
         default=None,
         description="Optional final test split (exact, not charged); served only if test_split_enabled.",
     )
@@ -85,8 +69,6 @@ class DataConfig(_Section):
         default="per_example",
         description="'per_example' (each row names its verifier) or one verifier name applied to every row.",
     )
-
-    _paths = field_validator("heldout_path", "test_path", mode="after")(_resolve)
 
     @field_validator("min_heldout_size")
     @classmethod
@@ -129,7 +111,7 @@ class DataConfig(_Section):
         return self
 
 
-class EvaluationConfig(_Section):
+class EvaluationConfig(Section):
     engine: str = Field(
         default="transformers", description="Generation engine name (rlvr_core.engines.registry)."
     )
@@ -193,7 +175,7 @@ class EvaluationConfig(_Section):
         return v
 
 
-class PrivacyConfig(_Section):
+class PrivacyConfig(Section):
     """Differential privacy of the feedback split.
 
     Each release is one Poisson-subsampled Gaussian mechanism: every held-out row is kept
@@ -292,18 +274,16 @@ class PrivacyConfig(_Section):
         return self
 
 
-class TlsConfig(_Section):
-    ca_cert: Path = Field(description="PEM of the CA that signs trainer (client) certificates.")
-    server_cert: Path = Field(description="PEM certificate the node presents.")
-    server_key: Path = Field(description="PEM private key of server_cert.")
+class TlsConfig(Section):
+    ca_cert: ConfigPath = Field(description="PEM of the CA that signs trainer (client) certificates.")
+    server_cert: ConfigPath = Field(description="PEM certificate the node presents.")
+    server_key: ConfigPath = Field(description="PEM private key of server_cert.")
     require_client_auth: bool = Field(
         default=True, description="Demand a client certificate signed by ca_cert (mTLS)."
     )
 
-    _paths = field_validator("ca_cert", "server_cert", "server_key", mode="after")(_resolve)
 
-
-class ServerConfig(_Section):
+class ServerConfig(Section):
     listen_address: str = Field(default="127.0.0.1:50051", description="HOST:PORT to listen on.")
     insecure: bool = Field(
         default=False, description="Plaintext, for loopback-only development. Refused on other addresses."
@@ -364,9 +344,9 @@ class ServerConfig(_Section):
         return v
 
 
-class StorageConfig(_Section):
-    dir: Path = Field(description="Folder for checkpoints, the privacy ledger and the audit log.")
-    state_marker: Path | None = Field(
+class StorageConfig(Section):
+    dir: ConfigPath = Field(description="Folder for checkpoints, the privacy ledger and the audit log.")
+    state_marker: ConfigPath | None = Field(
         default=None,
         description="A file OUTSIDE dir recording that dir has spent privacy budget, so a start that finds "
         "dir emptied refuses; default <config folder>/.target-owner-node-state.json.",
@@ -379,7 +359,6 @@ class StorageConfig(_Section):
     )
 
     _default_marker: Path | None = PrivateAttr(default=None)
-    _paths = field_validator("dir", "state_marker", mode="after")(_resolve)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -387,8 +366,8 @@ class StorageConfig(_Section):
         config = handler(data)
         if config.state_marker is None:
             # Next to the config file, unless that folder lies inside dir (e.g. dir = "."): then beside dir.
-            base = (info.context or {}).get("base_dir")
-            marker = Path(base) / STATE_MARKER_NAME if base is not None else None
+            base = config_dir(info)
+            marker = base / STATE_MARKER_NAME if base is not None else None
             if marker is None or _is_inside(marker, config.dir):
                 marker = config.dir.parent / STATE_MARKER_NAME
             config._default_marker = marker
@@ -422,7 +401,7 @@ class StorageConfig(_Section):
         return v
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     """Prometheus /metrics (counts, latencies, epsilon spend; never data). Off unless `port` is set."""
 
     port: int | None = Field(default=None, description="Port of /metrics; unset = disabled, 0 = any free port.")
@@ -450,22 +429,33 @@ class MetricsConfig(_Section):
         return self
 
 
-class AccessConfig(_Section):
+class AccessConfig(Section):
     allowed_clients: list[str] | None = Field(
         default=None,
         description="Client certificate common names allowed to call; unset = any cert the CA signed.",
     )
 
 
-class OwnerConfig(_Section):
-    data: DataConfig
-    evaluation: EvaluationConfig = EvaluationConfig()
-    privacy: PrivacyConfig = PrivacyConfig()
-    tls: TlsConfig | None = None
-    server: ServerConfig = ServerConfig()
-    storage: StorageConfig
-    access: AccessConfig = AccessConfig()
-    metrics: MetricsConfig = MetricsConfig()
+class OwnerConfig(Section):
+    data: DataConfig = Field(description="The private held-out data and how each row is rendered and scored.")
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig, description="The evaluation worker and the caps on what a trainer "
+        "may ask."
+    )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig, description="Differential privacy of every release."
+    )
+    tls: TlsConfig | None = Field(
+        default=None, description="mTLS certificates (required unless server.insecure)."
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig, description="The gRPC server.")
+    storage: StorageConfig = Field(description="Checkpoints, the privacy ledger and the audit log.")
+    access: AccessConfig = Field(
+        default_factory=AccessConfig, description="Which client certificates may call."
+    )
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig, description="Prometheus /metrics (off by default)."
+    )
     config_path: Path | None = Field(
         default=None, exclude=True, description="Where this config was read from."
     )
@@ -500,43 +490,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _format_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        kind = item["type"]
-        if kind == "extra_forbidden":
-            lines.append(
-                f"  {where}: unknown setting; check its spelling and section (see `target-owner-node init`)"
-            )
-        elif kind == "missing":
-            lines.append(f"  {where}: required; add it to the config")
-        else:
-            message = item["msg"].removeprefix("Value error, ")
-            if kind.startswith(("int_", "float_", "bool_", "string_", "path_", "literal_")):
-                message = f"{message}; got {item.get('input')!r}"
-            lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
-
-
 def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<dict>") -> OwnerConfig:
     """Validate a config mapping; relative paths resolve against `base_dir`."""
-    try:
-        return OwnerConfig.model_validate(raw, context={"base_dir": base_dir})
-    except ValidationError as error:
-        raise ConfigError(_format_errors(error, source)) from None
+    return validate(OwnerConfig, raw, source=source, reference=REFERENCE, base_dir=base_dir)
 
 
 def load_config(path: str | Path) -> OwnerConfig:
     """Read and validate a TOML config file. Raises ConfigError naming every bad setting."""
     path = Path(path).expanduser().resolve()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file not found: {path} (create one with `target-owner-node init DIR`)"
-        ) from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    raw = load_toml(path, missing_hint=" (create one with `target-owner-node init DIR`)")
     config = parse_config(raw, path.parent, str(path))
     return config.model_copy(update={"config_path": path})

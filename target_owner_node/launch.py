@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.configuration import default_of
+from target_owner_node.config import PrivacyConfig
+
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -27,9 +30,9 @@ class LaunchOptions:
     cert: Path
     key: Path
     dp: bool = True
-    sample_rate: float = 0.1
-    epsilon: float = 4.0
-    planned_releases: int = 500
+    sample_rate: float = default_of(PrivacyConfig, "sample_rate")  # every default: the config model's
+    epsilon: float = default_of(PrivacyConfig, "epsilon_budget")
+    planned_releases: int = default_of(PrivacyConfig, "planned_releases")
     verifier: str = "per_example"
     prompt_template: str | None = None
 

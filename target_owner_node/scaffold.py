@@ -13,7 +13,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr_core.configuration import default_of
 from rlvr_core.tasks.example import Example
+from target_owner_node.config import EvaluationConfig, PrivacyConfig
 
 CONFIG_TEMPLATE = """\
 # Target-owner node configuration (written by `target-owner-node init`).
@@ -44,7 +46,7 @@ timeout_s = 1800
 [privacy]
 enabled = {dp_enabled}
 epsilon_budget = {epsilon}           # total epsilon this node will ever spend
-delta = 1e-6                          # must be below 1 / held-out size
+delta = {delta}                          # must be below 1 / held-out size
 planned_releases = {planned_releases}                # the noise is calibrated so this many releases fit the budget
 sample_rate = {sample_rate}                     # Poisson subsampling rate q (1.0 = every row)
 accountant = "rdp"                    # or "prv"
@@ -99,13 +101,13 @@ def init_node(
     testbed: str | None = None,
     server_names: list[str] | None = None,
     client_name: str = "trainer",
-    epsilon: float = 4.0,
+    epsilon: float = default_of(PrivacyConfig, "epsilon_budget"),
     dp_enabled: bool = True,
     canaries: list[str] | None = None,
-    sample_rate: float = 0.1,
-    planned_releases: int = 500,
+    sample_rate: float = default_of(PrivacyConfig, "sample_rate"),
+    planned_releases: int = default_of(PrivacyConfig, "planned_releases"),
     test_split_enabled: bool = False,
-    max_prompt_tokens: int = 128,
+    max_prompt_tokens: int = default_of(EvaluationConfig, "max_prompt_tokens"),
 ) -> InitResult:
     """Create a node folder. Refuses to overwrite an existing config.toml.
 
@@ -151,6 +153,7 @@ def init_node(
             max_prompt_tokens=int(max_prompt_tokens),
             test_domains=_toml_list(declared_test_domains(spec)),
             epsilon=repr(float(epsilon)),
+            delta=repr(float(default_of(PrivacyConfig, "delta"))),
             sample_rate=repr(float(sample_rate)),
             planned_releases=int(planned_releases),
             client_name=_toml_string(client_name),

@@ -125,3 +125,36 @@ def test_accountant_is_any_registered_accountant(monkeypatch):
     assert PrivacyConfig(accountant="mine").accountant == "mine"
     with pytest.raises(ValueError, match="unknown accountant 'gdp'; known: mine, prv, rdp"):
         PrivacyConfig(accountant="gdp")
+
+
+def test_every_setting_is_documented_one_way():
+    from rlvr_core.configuration import undocumented_fields
+    from target_owner_node.config import OwnerConfig
+
+    assert undocumented_fields(OwnerConfig) == []
+
+
+def test_privacy_defaults_have_one_definition_the_config_model(tmp_path):
+    import inspect
+
+    from rlvr_core.configuration import default_of
+    from target_owner_node.cli import build_parser
+    from target_owner_node.config import EvaluationConfig, PrivacyConfig
+    from target_owner_node.launch import LaunchOptions
+    from target_owner_node.scaffold import init_node
+
+    model = {"epsilon": "epsilon_budget", "sample_rate": "sample_rate", "planned_releases": "planned_releases"}
+    init_defaults = inspect.signature(init_node).parameters
+    launch_defaults = inspect.signature(LaunchOptions).parameters
+    for argument, field in model.items():
+        expected = default_of(PrivacyConfig, field)
+        assert init_defaults[argument].default == expected and launch_defaults[argument].default == expected
+    assert init_defaults["max_prompt_tokens"].default == default_of(EvaluationConfig, "max_prompt_tokens")
+    parser = build_parser()
+    for command in (["init", "d"], ["launch", "--heldout", "h", "--port", "0", "--workdir", "w", "--ca", "c",
+                                    "--cert", "c", "--key", "k"]):
+        args = parser.parse_args(command)
+        assert (args.epsilon, args.sample_rate, args.planned_releases) == tuple(
+            default_of(PrivacyConfig, field) for field in model.values())
+    written = load_config(init_node(tmp_path / "node", testbed="small").config_path)
+    assert written.privacy == PrivacyConfig()  # a fresh node gets exactly the model's privacy defaults
