@@ -1,180 +1,160 @@
 """The trainer's typed run configuration, loaded from TOML and validated once at the edge.
 
-Every section forbids unknown keys, and every error names the field and how to fix it, e.g.
+Built on the config edge both nodes share (rlvr_core/configuration.py): every section
+forbids unknown keys, every field carries a description, and every error names the field
+and how to fix it, e.g.
 
-    grpo.lr: Input should be greater than 0 (got -0.1)
+    grpo.lr: Input should be greater than 0; got -0.1
     policy.name: unknown data policy 'uniformm'; known: uniform, ...
+    policy.lamda_waste: not an option of data policy 'l2rr'; did you mean 'lambda_waste'? ...
 
-Defaults fit the tiny CPU setting (a few-million-parameter model, short answers). The
-resolved config is written as JSON next to every run (resolved_config.json).
+The pluggable parts are typed by their registry entries: `[policy]` by the options model of
+the policy it names (its options sit directly in the table), `[rollout.options]` by the
+engine's, `[model.tiny_spec]` by TinyPolicySpec. The resolved config (every default used
+filled in) is written as JSON next to every run (resolved_config.json).
+
+Relative paths of inputs (model.path, the [feedback] certificates) resolve against the
+config file's folder; outputs (run.out_dir, model.cache_dir) against the working directory.
+Defaults fit the tiny CPU setting (a few-million-parameter model, short answers).
 """
 
 from __future__ import annotations
 
 import json
-import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+
+from rlvr_core.configuration import (
+    ConfigError,
+    ConfigPath,
+    Section,
+    load_toml,
+    validate,
+    validate_options,
+)
+from rlvr_core.models.tiny_spec import TinyPolicySpec
+from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.policies.options import PolicyOptions
+
+REFERENCE = "trainer_node/configs/train_default.toml"  # where unknown-key errors send the reader
 
 
-class ConfigError(ValueError):
-    """A config file is invalid; the message lists every bad field with a fix."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """Which policy model to train: a local directory, or the project's tiny model."""
 
-    path: Path | None = None
-    """A local model directory (config.json + *.safetensors + tokenizer). Never a hub id."""
-    tiny: bool = False
-    """Build (or reuse from cache_dir) the tiny policy: tokenizer + SFT on the source data."""
-    tiny_spec: dict[str, Any] = Field(default_factory=dict)
-    """Overrides of rlvr_core.models.tiny_policy.TinyPolicySpec fields (tiny = true only)."""
-    cache_dir: Path = Path(".cache/tiny_policies")
-    """Where built tiny policies are cached, keyed by spec and data."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    path: ConfigPath | None = Field(
+        default=None,
+        description="A local model directory (config.json + *.safetensors + tokenizer), relative to the "
+        "config file's folder. Never a hub id.",
+    )
+    tiny: bool = Field(
+        default=False, description="Build (or reuse from cache_dir) the tiny policy: tokenizer + SFT on the "
+        "source data."
+    )
+    tiny_spec: TinyPolicySpec = Field(
+        default=TinyPolicySpec(),
+        description="The tiny policy's shape and warm-up (rlvr_core.models.tiny_spec.TinyPolicySpec; tiny = "
+        "true only).",
+    )
+    cache_dir: Path = Field(
+        default=Path(".cache/tiny_policies"),
+        description="Where built tiny policies are cached, keyed by spec and data (relative to the working "
+        "directory).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Weights dtype.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
         if (self.path is None) == (not self.tiny):
             raise ValueError("set exactly one of `path = \"DIR\"` or `tiny = true`")
-        if self.tiny_spec and not self.tiny:
+        if "tiny_spec" in self.model_fields_set and not self.tiny:
             raise ValueError("tiny_spec is only used with tiny = true; remove it or set tiny = true")
         return self
 
 
-class DataConfig(_Section):
-    testbed: str = "default"
-    """A testbed name (rlvr_core.tasks.testbed) or a path to a testbed TOML file."""
-    eval_size: int = Field(default=64, ge=0)
-    """Source examples held out of the training pool for `train`'s local eval (0 = none)."""
-    train_on_feedback_split: bool = False
-    """The "target-mix" diagnostic (simulate only): add the owner's feedback split to the
-    training pool. It breaks the two-party privacy model on purpose, as an upper reference."""
+class DataConfig(Section):
+    """The trainer's source data."""
+
+    testbed: str = Field(
+        default="default", description="A testbed name (rlvr_core.tasks.testbed) or a path to a testbed "
+        "TOML file."
+    )
+    eval_size: int = Field(
+        default=64, ge=0, description="Source examples held out of the training pool for `train`'s local "
+        "eval (0 = none)."
+    )
+    train_on_feedback_split: bool = Field(
+        default=False,
+        description="The \"target-mix\" diagnostic (simulate only): add the owner's feedback split to the "
+        "training pool. It breaks the two-party privacy model on purpose, as an upper reference.",
+    )
 
 
-class PolicyConfig(_Section):
-    name: str = "uniform"
-    """A registered data policy (trainer_node.policies)."""
-    batch_size: int = Field(default=8, gt=0)
-    """Prompts per training batch (B)."""
-    rollouts_per_prompt: int = Field(default=16, ge=2)
-    """Rollouts per prompt (n); GRPO needs at least 2 to compare."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Policy-specific options, passed through as PolicySettings.options."""
+class RolloutConfig(Section):
+    """How rollouts are generated."""
 
-    @field_validator("name")
+    engine: str = Field(
+        default="transformers", description="A registered generation engine (rlvr_core.engines.registry)."
+    )
+    max_new_tokens: int = Field(default=8, gt=0, description="Completion length cap (tokens).")
+    temperature: float = Field(
+        default=1.0, gt=0, description="Sampling temperature (> 0: GRPO needs diverse rollouts). Logprobs "
+        "use the same one."
+    )
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    options: Any = Field(
+        default=None, validate_default=True,
+        description="The engine's options, typed by its registered options model (e.g. transformers: "
+        "batch_size, num_threads).",
+    )
+
+    @field_validator("engine")
     @classmethod
-    def _known_policy(cls, name: str) -> str:
-        from trainer_node.policies.base import policy_names
+    def _known_engine(cls, name: str) -> str:
+        from rlvr_core.engines.registry import engine_names
 
-        known = policy_names()
-        if name not in known:
-            raise ValueError(f"unknown data policy {name!r}; known: {', '.join(known)}")
+        if name not in engine_names():
+            raise ValueError(f"unknown engine {name!r}; known: {', '.join(engine_names())}")
         return name
 
-
-class GrpoConfig(_Section):
-    advantage: str = "grpo"
-    """'grpo' (r - mean) / std, or 'dr_grpo' r - mean."""
-    loss: str = "ppo_clip"
-    loss_aggregation: str = "token_mean"
-    """'token_mean' (DAPO token-level) or 'seq_mean' (per-sequence mean, then mean)."""
-    eps_low: float = Field(default=0.2, gt=0, lt=1)
-    eps_high: float = Field(default=0.28, gt=0)
-    kl_coef: float = Field(default=0.0, ge=0)
-    """> 0 loads a frozen reference copy of the initial model and adds k3 KL."""
-    lr: float = Field(default=3e-4, gt=0)
-    """Tiny CPU policy: 2e-4 already collapses sub:easy within 100 steps on the default testbed."""
-    weight_decay: float = Field(default=0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(default=1e-8, gt=0)
-    grad_accum_steps: int = Field(default=1, gt=0)
-    """Micro-batches per optimizer step; the accumulated gradient equals the full-batch one."""
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    ppo_epochs: int = Field(default=1, gt=0)
-    """Passes over each batch. 1 = on-policy (ratio == 1)."""
-    mini_batches: int = Field(default=1, gt=0)
-    """Optimizer steps per pass; > 1 makes later mini-batches off-policy (clipping matters)."""
-    overlong_buffer: int = Field(default=0, ge=0)
-    """DAPO soft overlong penalty window in tokens (0 = off)."""
-    overlong_penalty_factor: float = Field(default=1.0, ge=0)
-    adv_eps: float = Field(default=1e-6, gt=0)
-    lookahead: str = "adamw"
-    """How lookahead candidates (L2RR) take their one step: a registered lookahead optimizer
-    (trainer_node.grpo.lookahead), 'adamw' (a copy of the AdamW state) or 'sgd'."""
-    lookahead_lr: float | None = Field(default=None, gt=0)
-    """Step size of lookahead candidates; None = grpo.lr."""
-
-    @field_validator("lookahead")
+    @field_validator("options")
     @classmethod
-    def _known_lookahead(cls, name: str) -> str:
-        from trainer_node.grpo.lookahead import get_lookahead_optimizer
+    def _typed_options(cls, value: Any, info: ValidationInfo) -> Any:
+        engine = info.data.get("engine")
+        if engine is None:
+            return value  # the engine's own error is reported already
+        from rlvr_core.engines.registry import ENGINES
 
-        get_lookahead_optimizer(name)  # raises, listing the known optimizers
-        return name
+        raw = {} if value is None else value
+        model = ENGINES.options_model(engine)
+        if model is None:  # a plug-in engine without an options model: passed through as given
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"must be a table of engine {engine!r} options")
+            return dict(raw)
+        return validate_options(model, raw, part=f"engine {engine!r}")
 
-    @field_validator("advantage")
-    @classmethod
-    def _known_advantage(cls, name: str) -> str:
-        from trainer_node.grpo.advantages import advantage_names
-
-        if name not in advantage_names():
-            raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(advantage_names())}")
-        return name
-
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, name: str) -> str:
-        from trainer_node.grpo.losses import loss_names
-
-        if name not in loss_names():
-            raise ValueError(f"unknown policy loss {name!r}; known: {', '.join(loss_names())}")
-        return name
-
-    @field_validator("loss_aggregation")
-    @classmethod
-    def _known_aggregation(cls, name: str) -> str:
-        from trainer_node.grpo.losses import aggregation_names
-
-        if name not in aggregation_names():
-            raise ValueError(f"unknown loss aggregation {name!r}; known: {', '.join(aggregation_names())}")
-        return name
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError("both betas must be in [0, 1), e.g. [0.9, 0.999]")
-        return betas
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The options as build_engine keyword arguments."""
+        return self.options.model_dump() if hasattr(self.options, "model_dump") else dict(self.options)
 
 
-class RolloutConfig(_Section):
-    engine: str = "transformers"
-    """A registered generation engine (rlvr_core.engines.registry)."""
-    max_new_tokens: int = Field(default=8, gt=0)
-    temperature: float = Field(default=1.0, gt=0)
-    """Sampling temperature (> 0: GRPO needs diverse rollouts). Logprobs use the same one."""
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Engine-specific options passed to build_engine."""
+class RunConfig(Section):
+    """Length, seed, outputs and device of the run."""
 
-
-class RunConfig(_Section):
-    steps: int = Field(default=300, gt=0)
-    seed: int = 0
-    out_dir: Path = Path("runs/train")
-    eval_every: int = Field(default=0, ge=0)
-    """Local eval on the held-out source slice every k steps (0 = only before and after)."""
-    save_every: int = Field(default=0, ge=0)
-    """Checkpoint every k steps (0 = only at the end)."""
-    device: str = "cpu"
+    steps: int = Field(default=300, gt=0, description="GRPO steps (total, counting resumed ones).")
+    seed: int = Field(default=0, description="Run seed: initial policy, sampling, rollouts.")
+    out_dir: Path = Field(
+        default=Path("runs/train"), description="Run directory (relative to the working directory)."
+    )
+    eval_every: int = Field(
+        default=0, ge=0, description="Local eval on the held-out source slice every k steps (0 = only "
+        "before and after)."
+    )
+    save_every: int = Field(default=0, ge=0, description="Checkpoint every k steps (0 = only at the end).")
+    device: str = Field(default="cpu", description="'cpu' or 'cuda[:N]'.")
 
     @field_validator("device")
     @classmethod
@@ -184,43 +164,64 @@ class RunConfig(_Section):
         return device
 
 
-class SelectionConfig(_Section):
+class SelectionConfig(Section):
     """Checkpoint selection by target feedback (the L2RR paper's Table 12), any method.
 
     Every `every` steps (and at the end) the live model becomes a candidate; after training,
     ONE multi-candidate release on the owner's feedback split picks the best, charged like
     any release (one query is kept back from the sampler's budget for it)."""
 
-    every: int = Field(default=0, ge=0)
-    """Candidate interval in steps (0 = off: the final model is reported)."""
-    max_candidates: int = Field(default=8, ge=2)
-    """At most this many candidates (evenly thinned, the final model always kept); the owner
-    caps candidates per query (evaluation.max_candidates_per_query, default 8)."""
+    every: int = Field(
+        default=0, ge=0, description="Candidate interval in steps (0 = off: the final model is reported)."
+    )
+    max_candidates: int = Field(
+        default=8, ge=2,
+        description="At most this many candidates (evenly thinned, the final model always kept); the owner "
+        "caps candidates per query (evaluation.max_candidates_per_query, default 8).",
+    )
 
 
-class FeedbackConfig(_Section):
-    """A remote target owner to learn from (two-party deployment). Absent = no feedback."""
+class FeedbackConfig(Section):
+    """A remote target owner to learn from (two-party deployment). Absent = no feedback.
 
-    target: str
-    """The owner's address, HOST:PORT."""
-    ca_cert: Path
-    """The OWNER organization's CA certificate (verifies the owner's server certificate)."""
-    client_cert: Path
-    """This trainer's client certificate, issued by a CA the owner trusts."""
-    client_key: Path
-    server_name: str | None = None
-    """TLS name to expect when `target` is an address not named in the server certificate."""
-    deadline_s: float = Field(default=30.0, gt=0)
-    evaluate_deadline_s: float = Field(default=600.0, gt=0)
-    max_attempts: int = Field(default=5, ge=1)
-    """Attempts for UNAVAILABLE only; RESOURCE_EXHAUSTED is never retried."""
-    samples_per_prompt: int = Field(default=1, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    """Decoding of the owner's evaluations (0 = greedy, lowest variance)."""
-    min_interval: int = Field(default=1, ge=1)
-    """Never query more often than every this many steps (budget pacing may space queries more)."""
-    final_release: bool = True
-    """Ask the owner for the final checkpoint's held-out accuracy (one release, charged)."""
+    Certificate paths are relative to the config file's folder."""
+
+    target: str = Field(description="The owner's address, HOST:PORT.")
+    ca_cert: ConfigPath = Field(
+        description="The OWNER organization's CA certificate (verifies the owner's server certificate)."
+    )
+    client_cert: ConfigPath = Field(
+        description="This trainer's client certificate, issued by a CA the owner trusts."
+    )
+    client_key: ConfigPath = Field(description="The private key of client_cert.")
+    server_name: str | None = Field(
+        default=None, description="TLS name to expect when `target` is an address not named in the server "
+        "certificate."
+    )
+    deadline_s: float = Field(
+        default=30.0, gt=0, description="Deadline of GetInfo/GetBudget calls (seconds)."
+    )
+    evaluate_deadline_s: float = Field(
+        default=600.0, gt=0, description="Deadline of one Evaluate call (seconds)."
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, description="Attempts for UNAVAILABLE only; RESOURCE_EXHAUSTED is never retried."
+    )
+    samples_per_prompt: int = Field(
+        default=1, ge=1, description="Samples per held-out prompt the owner decodes (k)."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0, description="Decoding of the owner's evaluations (0 = greedy, lowest variance)."
+    )
+    min_interval: int = Field(
+        default=1, ge=1,
+        description="Never query more often than every this many steps (budget pacing may space queries "
+        "more).",
+    )
+    final_release: bool = Field(
+        default=True, description="Ask the owner for the final checkpoint's held-out accuracy (one release, "
+        "charged)."
+    )
 
     @field_validator("target")
     @classmethod
@@ -240,15 +241,42 @@ class FeedbackConfig(_Section):
         )
 
 
-class TrainConfig(_Section):
-    model: ModelConfig
-    data: DataConfig = DataConfig()
-    policy: PolicyConfig = PolicyConfig()
-    grpo: GrpoConfig = GrpoConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    run: RunConfig = RunConfig()
-    feedback: FeedbackConfig | None = None
-    selection: SelectionConfig = SelectionConfig()
+def _default_policy() -> PolicyOptions:
+    from trainer_node.policies.base import parse_policy_options
+
+    return parse_policy_options({})
+
+
+class TrainConfig(Section):
+    """A whole run: one section per concern. (Section defaults are factories: building one validates
+    it, and the engine's options validation imports the engine registry, so only on use.)"""
+
+    model: ModelConfig = Field(description="The policy model to train.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Source data.")
+    policy: SerializeAsAny[PolicyOptions] = Field(
+        default_factory=_default_policy,
+        description="The data policy: `name` picks a registered policy, whose options model types the rest "
+        "of the table (shared: batch_size, rollouts_per_prompt).",
+    )
+    grpo: GRPOSettings = Field(
+        default_factory=GRPOSettings, description="Advantage, loss and optimizer of the update."
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout generation.")
+    run: RunConfig = Field(default_factory=RunConfig, description="Length, seed, outputs, device.")
+    feedback: FeedbackConfig | None = Field(
+        default=None, description="A remote target owner (absent = none)."
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig, description="Checkpoint selection by feedback."
+    )
+
+    @field_validator("policy", mode="wrap")
+    @classmethod
+    def _typed_policy(cls, value: Any, handler: Any) -> PolicyOptions:
+        # Keyed on `name`: the registry (plug-ins included) says which options model applies.
+        from trainer_node.policies.base import parse_policy_options
+
+        return parse_policy_options(value)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
@@ -263,26 +291,11 @@ class TrainConfig(_Section):
         return self.model_dump(mode="json")
 
     def save_resolved(self, run_dir: Path) -> Path:
-        """Write the fully resolved config (defaults filled in) as run_dir/resolved_config.json."""
+        """Write the fully resolved config (every default used filled in) as run_dir/resolved_config.json."""
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "resolved_config.json"
         path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
         return path
-
-
-def _format_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key; remove it or check the spelling (see trainer_node/configs/train_default.toml)"
-        elif item["type"] == "missing":
-            message = "required; add it to the config"
-        elif "input" in item and not isinstance(item["input"], dict):
-            message = f"{message} (got {item['input']!r})"
-        lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -295,25 +308,23 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[key] = value
 
 
-def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None, source: str = "") -> TrainConfig:
-    """Validate a raw dict (as read from TOML) plus dotted overrides such as {'run.steps': 5}."""
+def parse_config(
+    raw: dict[str, Any],
+    overrides: dict[str, Any] | None = None,
+    source: str = "",
+    base_dir: Path | None = None,
+) -> TrainConfig:
+    """Validate a raw dict (as read from TOML) plus dotted overrides such as {'run.steps': 5}.
+
+    Relative input paths resolve against `base_dir` (the config file's folder; None: as given)."""
     raw = json.loads(json.dumps(raw, default=str))  # deep copy; TOML values are JSON-able
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(raw, dotted, value)
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as error:
-        raise ConfigError(_format_errors(error, source or "(dict)")) from None
+    return validate(TrainConfig, raw, source=source or "(dict)", reference=REFERENCE, base_dir=base_dir)
 
 
 def load_config(path: Path | str, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read and validate a TOML run config. Raises ConfigError naming every bad field."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
-    return parse_config(raw, overrides, source=str(path))
+    path = Path(path).expanduser()
+    return parse_config(load_toml(path), overrides, source=str(path), base_dir=path.resolve().parent)

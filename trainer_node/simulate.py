@@ -39,6 +39,13 @@ SUMMARY_KEYS = (
 )
 TEST_SEED = 20261130  # one decoding seed for every test-split evaluation
 
+# The simulated owner's privacy settings (a real owner's defaults are target_owner_node.config's
+# PrivacyConfig: epsilon 4, q 0.1, 500 releases). With ~270 held-out rows, q = 0.5 and 150
+# planned single-candidate releases at epsilon 8, each released accuracy has noise std ~0.03.
+SIMULATION_EPSILON = 8.0
+SIMULATION_SAMPLE_RATE = 0.5
+SIMULATION_PLANNED_RELEASES = 150
+
 
 @dataclass(frozen=True)
 class SimulateOptions:
@@ -49,11 +56,9 @@ class SimulateOptions:
     out: Path | None = None
     no_dp: bool = False
     config: Path | None = None         # a TOML overriding the embedded defaults
-    # The owner's privacy settings. With ~270 held-out rows, q = 0.5 and 150 planned
-    # single-candidate releases at epsilon 8, each released accuracy has noise std ~0.03.
-    epsilon: float = 8.0
-    sample_rate: float = 0.5
-    planned_releases: int = 150
+    epsilon: float = SIMULATION_EPSILON  # the owner's privacy settings (see above)
+    sample_rate: float = SIMULATION_SAMPLE_RATE
+    planned_releases: int = SIMULATION_PLANNED_RELEASES
     progress: bool = True
 
 
@@ -81,7 +86,7 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
     if opts.out is not None:
         overrides["run.out_dir"] = str(opts.out)
     config = load_config(opts.config or default_config_path(), overrides)
-    if config.policy.name == "oracle" and "domain_weights" not in config.policy.options:
+    if config.policy.name == "oracle" and config.policy.domain_weights is None:
         config = _with_oracle_weights(config)
     return config
 
@@ -89,10 +94,11 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
 def _with_oracle_weights(config: TrainConfig) -> TrainConfig:
     """The oracle diagnostic samples source domains in the target's composition, which only
     a simulation knows (from the testbed file)."""
+    from trainer_node.policies.base import parse_policy_options
     from trainer_node.policies.oracle import target_domain_weights
 
     weights = target_domain_weights(config.data.testbed)
-    policy = config.policy.model_copy(update={"options": {**config.policy.options, "domain_weights": weights}})
+    policy = parse_policy_options({**config.policy.model_dump(), "domain_weights": weights})
     return config.model_copy(update={"policy": policy})
 
 

@@ -44,7 +44,9 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")
     parser.add_argument("--out", type=Path, help="run directory (default runs/simulate)")
     parser.add_argument("--no-dp", action="store_true", help="the owner releases exact accuracy (no DP)")
-    parser.add_argument("--epsilon", type=float, default=8.0, help="the owner's total privacy budget (default 8)")
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="the owner's total privacy budget "
+                             "(default: SIMULATION_EPSILON of trainer_node/simulate.py)")
     parser.add_argument("--config", type=Path, help="TOML overriding the embedded defaults")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=run_simulate)
@@ -61,7 +63,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     run_simulation(
         SimulateOptions(
             method=args.method, testbed=args.testbed, seed=args.seed, steps=args.steps, out=args.out,
-            no_dp=args.no_dp, config=args.config, epsilon=args.epsilon, progress=not args.no_progress,
+            no_dp=args.no_dp, config=args.config, progress=not args.no_progress,
+            # None: the simulation's own default (SimulateOptions.epsilon)
+            **({} if args.epsilon is None else {"epsilon": args.epsilon}),
         )
     )
     return 0

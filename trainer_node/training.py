@@ -21,9 +21,8 @@ from rlvr_core.tasks.example import Example
 from trainer_node.config import ConfigError, ModelConfig, TrainConfig
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import checkpoint_name, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
-from trainer_node.policies.base import DataPolicy, FeedbackContext, PolicySettings, SourcePool, build_policy
+from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy
 from trainer_node.run_output import RunOutput
 
 log = logging.getLogger("trainer_node.training")
@@ -73,14 +72,10 @@ def resolve_model_dir(model: ModelConfig, train_examples: tuple[Example, ...], t
         if not Path(model.path).is_dir():
             raise ConfigError(f"model.path: {model.path} is not a directory; point it at a local model dir")
         return Path(model.path)
-    from rlvr_core.models.tiny_policy import TinyPolicySpec, build_tiny_policy
+    from rlvr_core.models.tiny_policy import build_tiny_policy
 
-    try:
-        spec = TinyPolicySpec(**model.tiny_spec)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"model.tiny_spec: {error}; see rlvr_core.models.tiny_policy.TinyPolicySpec") from None
     texts, pairs = tiny_policy_inputs(train_examples, template)
-    return Path(build_tiny_policy(spec, texts, pairs, model.cache_dir))
+    return Path(build_tiny_policy(model.tiny_spec, texts, pairs, model.cache_dir))  # typed at config load
 
 
 def build_training(
@@ -90,6 +85,7 @@ def build_training(
     on_step_end: StepCallback | None = None,
     reward_fn: Callable[[str, Example], float] | None = None,
 ) -> TrainingSetup:
+    from rlvr_core.engines.base import SamplingParams
     from rlvr_core.engines.registry import build_engine
     from rlvr_core.models.loading import load_policy
     from rlvr_core.tasks.prompting import render_prompt
@@ -115,17 +111,13 @@ def build_training(
 
     dtype = getattr(torch, config.model.dtype)
     model, tokenizer = load_policy(model_dir, config.run.device, dtype)
-    engine = build_engine(config.rollout.engine, model, tokenizer, device=config.run.device, **config.rollout.options)
-
-    settings = PolicySettings(
-        batch_size=config.policy.batch_size,
-        rollouts_per_prompt=config.policy.rollouts_per_prompt,
-        options=dict(config.policy.options),
-    )
+    engine = build_engine(config.rollout.engine, model, tokenizer, device=config.run.device,
+                          **config.rollout.engine_kwargs())
     try:
-        policy = build_policy(config.policy.name, pool, settings, np.random.default_rng(config.run.seed))
-    except ValueError as error:  # option errors name the policy and the key
-        raise ConfigError(f"policy.options: {error}") from None
+        # The options were typed at config load; only what needs the pool can still fail here.
+        policy = build_policy(config.policy, pool, np.random.default_rng(config.run.seed))
+    except ValueError as error:  # what only the pool can tell, e.g. oracle weights naming unknown domains
+        raise ConfigError(f"policy: {error}") from None
     if reward_fn is None:
         from rlvr_core.verifiers import score_example as reward_fn
     trainer = GRPOTrainer(
@@ -136,7 +128,10 @@ def build_training(
         pool=pool,
         render=lambda example: render_prompt(example.prompt, template),
         reward_fn=reward_fn,
-        settings=GRPOSettings.from_config(config),
+        settings=config.grpo,
+        sampling=SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
+                                temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                                seed=config.run.seed),
         device=config.run.device,
         feedback=feedback,
         on_step_end=on_step_end,

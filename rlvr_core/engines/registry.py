@@ -1,9 +1,11 @@
 """Generation engines by name: the `ENGINES` registry (protocol.plugins.Registry).
 
 To add an engine:
-    @ENGINES.register("mine")
+    @ENGINES.register("mine", options=MineOptions)   # MineOptions: an OptionsSection of its options
     class MyEngine(GenerationEngine): ...   # __init__(model, tokenizer, device="cpu", **options)
-and import its module in `_import_builtin_engines` (a plug-in: entry point `target_feedback.engines`).
+and import its module in `_import_builtin_engines` (a plug-in: entry point `target_feedback.engines`,
+its options model as the class attribute `Options`). build_engine and the trainer's config
+validate the options with that model, so a typo names the option.
 
 Every engine gets the same constructor input, `(model, tokenizer, device, **options)`, and the
 same `generate` call, so callers never special-case one: a batch shape the caller needs fixed
@@ -40,6 +42,14 @@ def engine_names() -> list[str]:
     return ENGINES.names()
 
 
-def build_engine(name: str, model: Any, tokenizer: Any, device: str = "cpu", **options: Any) -> GenerationEngine:
-    """Construct the engine registered as `name`; unknown names raise ValueError listing known ones."""
+def build_engine(
+    name: str, model: Any, tokenizer: Any, device: str = "cpu", **options: Any
+) -> GenerationEngine:
+    """Construct the engine registered as `name`; unknown names raise ValueError listing known ones,
+    and options are validated by the engine's options model first (a typo names the option)."""
+    from rlvr_core.configuration import validate_options
+
+    model_type = ENGINES.options_model(name)
+    if model_type is not None:
+        options = validate_options(model_type, options, part=f"engine {name!r}").model_dump()
     return ENGINES.get(name)(model, tokenizer, device=device, **options)

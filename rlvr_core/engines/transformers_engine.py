@@ -35,8 +35,10 @@ import inspect
 from collections.abc import Sequence
 
 import torch
+from pydantic import Field
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr_core.configuration import OptionsSection
 from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams, context_length
 from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_uniforms, select_tokens, validate_params
@@ -50,7 +52,20 @@ def max_positions(model: PreTrainedModel) -> int:
     return context_length(model.config)
 
 
-@ENGINES.register("transformers")
+class TransformersEngineOptions(OptionsSection):
+    """Options of the "transformers" engine (a trainer's `[rollout.options]`)."""
+
+    batch_size: int = Field(
+        default=64, ge=1, description="Sequences per chunk (dynamic batching: trainer rollouts; the owner's "
+        "fixed shapes set their own batch)."
+    )
+    num_threads: int | None = Field(
+        default=None, ge=1, description="CPU torch threads while generating, restored afterwards; None "
+        "keeps the process setting. 1 is much faster for tiny models on a busy small box."
+    )
+
+
+@ENGINES.register("transformers", options=TransformersEngineOptions)
 class TransformersEngine(GenerationEngine):
     """Generation on CPU or CUDA with the live model (so sync_weights is a no-op)."""
 

@@ -6,6 +6,9 @@ no line below the import guard has ever run. Install with the `gpu` extra
 (`pip install -e .[gpu]`) and expect to adjust details for the vLLM version you get.
 
 Design:
+- Options (`VLLMEngineOptions`): model_path, gpu_memory_utilization, dtype, and `llm_args`,
+  further vllm.LLM keyword arguments (never the ones this engine sets itself, such as
+  trust_remote_code or load_format).
 - vLLM loads the checkpoint itself from a local directory (`model_path` option, else the
   directory the live model was loaded from), with load_format="safetensors" and
   trust_remote_code=False, like rlvr_core.models.load_policy. The directory is checked with
@@ -38,10 +41,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, field_validator
 
+from rlvr_core.configuration import OptionsSection
 from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams
 from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_seed, validate_params
@@ -59,7 +64,40 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-@ENGINES.register("vllm")
+# vllm.LLM arguments the engine sets itself: safety (safetensors only, no remote code) and the
+# row-seed and context rules depend on them, so `llm_args` may not override them.
+RESERVED_LLM_ARGS = frozenset({"model", "tokenizer", "load_format", "trust_remote_code", "dtype", "seed",
+                               "gpu_memory_utilization", "max_model_len"})
+
+
+class VLLMEngineOptions(OptionsSection):
+    """Options of the "vllm" engine (a trainer's `[rollout.options]`)."""
+
+    model_path: str | None = Field(
+        default=None, description="Local checkpoint directory vLLM loads; None = the live model's directory."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (the trainer needs the rest)."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Weights dtype."
+    )
+    llm_args: dict[str, Any] = Field(
+        default_factory=dict, description="Further vllm.LLM keyword arguments, passed through (vLLM checks "
+        "them)."
+    )
+
+    @field_validator("llm_args")
+    @classmethod
+    def _not_reserved(cls, args: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(RESERVED_LLM_ARGS & set(args))
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)} are set by the engine itself; remove them "
+                             "(model_path, gpu_memory_utilization and dtype are options of their own)")
+        return args
+
+
+@ENGINES.register("vllm", options=VLLMEngineOptions)
 class VLLMEngine(GenerationEngine):
     """Colocated vLLM engine; see the module docstring (unverified)."""
 
@@ -71,7 +109,7 @@ class VLLMEngine(GenerationEngine):
         model_path: str | Path | None = None,
         gpu_memory_utilization: float = 0.3,
         dtype: str = "bfloat16",
-        **llm_options: Any,
+        llm_args: dict[str, Any] | None = None,
     ) -> None:
         if not vllm_available():
             raise RuntimeError(VLLM_MISSING_MESSAGE)
@@ -97,7 +135,7 @@ class VLLMEngine(GenerationEngine):
             seed=0,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_positions(model),
-            **llm_options,
+            **VLLMEngineOptions(llm_args=dict(llm_args or {})).llm_args,  # reserved keys refused
         )
 
     def generate(

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from transformers import (
 from rlvr_core.models.loading import UnsafeCheckpointError, check_model_dir, save_policy
 from rlvr_core.models.sft import SftSettings, supervised_warmup
 from rlvr_core.models.threads import torch_threads
-from rlvr_core.models.tokenizer import MIN_VOCAB_SIZE, train_tokenizer
+from rlvr_core.models.tiny_spec import TinyPolicySpec
+from rlvr_core.models.tokenizer import train_tokenizer
 
 __all__ = [
     "BUILD_CODE_VERSION",
@@ -55,61 +56,10 @@ __all__ = [
 
 BUILD_CODE_VERSION = "tiny-policy-v2"
 
-_MODEL_CLASSES = {
+_MODEL_CLASSES = {  # one per TinyPolicySpec.architecture
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "llama": (LlamaConfig, LlamaForCausalLM),
 }
-
-
-@dataclass(frozen=True)
-class TinyPolicySpec:
-    """Shape and warm-up recipe of a tiny policy.
-
-    Defaults (measured on the `default` testbed's 3,200 source pairs): 1.12M parameters, built
-    in ~145 s of single-thread CPU time; greedy exact match afterwards is ~65-70% on 1-digit
-    add, ~30-38% on 2-digit add, ~10-18% on the held-out target test split (seeds 1 and 0),
-    0% on spelling: clearly better than random, far from solved, room left for GRPO.
-    """
-
-    architecture: str = "qwen2"  # "qwen2" or "llama"
-    vocab_size: int = 1024  # upper bound; BPE may stop earlier on small corpora
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2  # grouped-query attention, as in Qwen2
-    intermediate_size: int = 512  # 4 x hidden
-    max_position: int = 256  # prompt + completion tokens
-    rope_theta: float = 10000.0
-    sft_steps: int = 900
-    sft_batch_size: int = 32
-    sft_lr: float = 2e-3
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            expected = {"str": str, "int": int, "float": (int, float)}[item.type]
-            if isinstance(value, bool) or not isinstance(value, expected):
-                raise ValueError(f"{item.name} must be {item.type}, got {value!r}")  # noqa: TRY004 - one error type for all spec problems
-            if item.type == "float":  # 2 and 2.0 must give one cache key
-                object.__setattr__(self, item.name, float(value))
-        if self.architecture not in _MODEL_CLASSES:
-            raise ValueError(f"architecture must be one of {sorted(_MODEL_CLASSES)}, got {self.architecture!r}")
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                     "max_position", "sft_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE}, got {self.vocab_size}")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
-            raise ValueError("hidden_size must split into num_heads heads of even size (RoPE), "
-                             f"got hidden_size={self.hidden_size}, num_heads={self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.sft_steps < 0:
-            raise ValueError(f"sft_steps must be >= 0, got {self.sft_steps}")
-        if not self.sft_lr > 0:
-            raise ValueError(f"sft_lr must be > 0, got {self.sft_lr}")
 
 
 def cache_key(spec: TinyPolicySpec, tokenizer_texts: list[str], sft_pairs: list[tuple[str, str]]) -> str:

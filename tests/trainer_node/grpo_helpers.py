@@ -3,21 +3,20 @@ trainer on a random tiny Qwen2 (hidden 32, 2 layers) with the real transformers 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlvr_core.engines.base import SamplingParams
 from rlvr_core.engines.registry import build_engine
 from rlvr_core.models.loading import load_policy
 from rlvr_core.models.tiny_policy import random_tiny_policy
 from rlvr_core.tasks.example import Example
-from trainer_node.grpo.losses import LossSettings
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.grpo.trainer import GRPOTrainer
-from trainer_node.policies.base import PolicySettings, SourcePool, build_policy
+from trainer_node.policies.base import SourcePool, build_policy
 
 TOY_EXAMPLES = tuple(
     Example(id=f"toy-{i}", prompt=f"add {i} and {i + 1}", answer=str(2 * i + 1), domain="even" if i % 2 else "odd")
@@ -43,10 +42,11 @@ def make_model_dir(root: Path) -> Path:
     return random_tiny_policy(root / "random_tiny", VOCAB_TEXTS, seed=0)
 
 
+SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1.0, seed=7)  # rollouts; seed = run seed
+
+
 def make_settings(**overrides: Any) -> GRPOSettings:
-    loss_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ("eps_low", "eps_high", "kl_coef", "aggregation")}
-    base = GRPOSettings(seed=7, lr=1e-2, max_new_tokens=6, loss_settings=LossSettings(**loss_overrides))
-    return replace(base, **overrides)
+    return GRPOSettings(**{"lr": 1e-2, **overrides})
 
 
 def make_trainer(
@@ -60,7 +60,8 @@ def make_trainer(
     torch.manual_seed(0)
     model, tokenizer = load_policy(model_dir, "cpu", torch.float32)
     pool = toy_pool()
-    policy = build_policy(policy_name, pool, PolicySettings(batch_size, rollouts), np.random.default_rng(3))
+    options = {"name": policy_name, "batch_size": batch_size, "rollouts_per_prompt": rollouts}
+    policy = build_policy(options, pool, np.random.default_rng(3))
     return GRPOTrainer(
         model=model,
         tokenizer=tokenizer,
@@ -70,6 +71,7 @@ def make_trainer(
         render=render,
         reward_fn=toy_reward,
         settings=settings or make_settings(),
+        sampling=trainer_kwargs.pop("sampling", SAMPLING),
         **trainer_kwargs,
     )
 

@@ -5,8 +5,9 @@ It takes the real command line (--method --testbed --seed --steps --out --config
 reads the run config the bench wrote, and leaves summary.json, metrics.jsonl and
 resolved_config.json shaped like trainer_node/simulate.py's, with deterministic numbers:
 accuracy = a per-seed offset shared by all methods (what matched seeds buy) + a per-method
-bonus + small per-(method, seed) noise. `options.fake_fail = true` makes it exit 3;
-`options.fake_sleep = S` sleeps S seconds first.
+bonus + small per-(method, seed) noise. A method labelled "broken" exits 3; one labelled
+"slow" sleeps 60 s first (policy options are typed now, so the label carries the test's wish;
+the run directory is runs/<testbed>/<label>/seed<N>).
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epsilon", type=float, default=8.0)
     args = parser.parse_args(argv)
     config = tomllib.loads(Path(args.config).read_text())
-    options = config["policy"].get("options", {})
-    if options.get("fake_sleep"):
+    options = config["policy"]  # the policy's options sit directly in [policy]
+    label = Path(args.out).parent.name
+    if label == "slow":
         import time
 
-        time.sleep(options["fake_sleep"])  # SIGINT (the bench's timeout) interrupts this
-    if options.get("fake_fail"):
+        time.sleep(60)  # SIGINT (the bench's timeout) interrupts this
+    if label == "broken":
         print("fake simulate: failing on purpose", file=sys.stderr)
         return 3
     out = Path(args.out)
@@ -111,7 +113,7 @@ def _real_summary_keys() -> set[str]:
 
 def test_fake_writes_every_key_the_real_simulate_promises(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[policy]\nname = "l2rr"\noptions = {}\n[run]\neval_every = 2\n')
+    config.write_text('[policy]\nname = "l2rr"\n[run]\neval_every = 2\n')
     assert main(["--method", "l2rr", "--testbed", "default", "--seed", "1", "--steps", "4",
                  "--out", str(tmp_path / "run"), "--config", str(config)]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -95,7 +95,7 @@ def test_figures_are_written_and_linked(bench_out):
 
 def test_failed_runs_are_listed_and_left_out_of_the_statistics(tmp_path):
     spec = parse_spec({**SPEC, "seeds": [0, 1], "methods": [
-        SPEC["methods"][0], {"label": "broken", "policy": "uniform", "options": {"fake_fail": True}}]})
+        SPEC["methods"][0], {"label": "broken", "policy": "uniform"}]})
     records, _ = runner.run_all(plan_runs(spec), tmp_path, workers=2, command_builder=FakeSimulate(), progress=False)
     report = write_outputs(spec, records, tmp_path).read_text()
     assert "## Runs without results" in report and "| default__broken__seed0 | failed | exit code 3 |" in report

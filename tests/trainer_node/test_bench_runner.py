@@ -66,7 +66,7 @@ def test_a_run_without_summary_is_rerun_even_with_a_record(tmp_path):
 
 
 def test_a_failing_run_is_recorded_and_the_others_finish(tmp_path):
-    spec = make_spec(extra_methods=[{"label": "broken", "policy": "uniform", "options": {"fake_fail": True}}])
+    spec = make_spec(extra_methods=[{"label": "broken", "policy": "uniform"}])
     records, _ = runner.run_all(plan_runs(spec), tmp_path, workers=2, command_builder=FakeSimulate(), progress=False)
     by_status = {}
     for r in records:
@@ -134,7 +134,7 @@ def test_report_only_refuses_a_run_dir_with_other_options(tmp_path):
     argv = FakeSimulate()(other, other.run_dir(tmp_path), runner.write_run_config(tmp_path, other))
     subprocess.run(argv, check=True)  # filled "elsewhere" with lambda 1.0
     record = next(r for r in runner.gather_records(runs, tmp_path) if r["id"] == run.run_id)
-    assert record["status"] == "stale" and "policy.options" in record["error"]
+    assert record["status"] == "stale" and "policy.lambda_waste" in record["error"]
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--timeout"])
@@ -154,7 +154,7 @@ def test_report_only_refuses_a_run_dir_with_other_config_overrides(tmp_path):
 
 def test_a_run_past_its_timeout_is_interrupted_and_recorded(tmp_path):
     spec = parse_spec({"seeds": [0], "steps": 2, "control": "slow",
-                       "methods": [{"label": "slow", "policy": "uniform", "options": {"fake_sleep": 60}}]})
+                       "methods": [{"label": "slow", "policy": "uniform"}]})
     record = runner.execute_run(plan_runs(spec)[0], tmp_path, FakeSimulate(), timeout=1.0)
     assert record["status"] == "failed" and record["error"] == "timed out after 1.0 s"
     assert record["wall_seconds"] < 30  # SIGINT stopped it; no SIGKILL grace needed
@@ -206,7 +206,7 @@ def test_runs_are_stoppable_even_when_the_bench_was_started_ignoring_sigint(tmp_
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec = parse_spec({"seeds": [0], "steps": 2, "control": "slow",
-                           "methods": [{"label": "slow", "policy": "uniform", "options": {"fake_sleep": 60}}]})
+                           "methods": [{"label": "slow", "policy": "uniform"}]})
         record = runner.execute_run(plan_runs(spec)[0], tmp_path, FakeSimulate(), timeout=1.0)
         assert record["status"] == "failed" and record["wall_seconds"] < 30
     finally:

@@ -47,6 +47,43 @@ def test_bad_simulate_override_is_caught_when_planning_and_names_method_and_fiel
         plan_runs(spec)
 
 
+def test_a_policy_option_typo_fails_when_the_spec_loads_naming_method_and_option():
+    with pytest.raises(BenchSpecError) as error:
+        spec_with(methods=[{"label": "uniform", "policy": "uniform"},
+                           {"label": "l2rr", "policy": "l2rr", "options": {"lamda_waste": 0.5}}])
+    assert "  methods[1].options.lamda_waste: not an option of data policy 'l2rr'; did you mean 'lambda_waste'?" in str(
+        error.value)
+    with pytest.raises(BenchSpecError, match=r"methods\[0\]\.options\.eta_q: Input should be a valid number"):
+        spec_with(methods=[{"label": "l2rr", "policy": "l2rr", "options": {"eta_q": True}}], control="l2rr")
+
+
+def test_plan_time_validation_catches_a_policy_option_typo():
+    from trainer_node.bench.spec import BenchSpec, MethodSpec
+
+    # Built without validation (as a spec edited after loading could be): planning still refuses it.
+    typo = MethodSpec.model_construct(label="l2rr", policy="l2rr", options={"lamda_waste": 0.5}, config={},
+                                      group="main")
+    spec = BenchSpec.model_construct(**{**spec_with().__dict__, "methods": [spec_with().methods[0], typo]})
+    with pytest.raises(BenchSpecError, match=r"(?s)methods\[1\] \(l2rr\).*policy\.lamda_waste: not an option"):
+        plan_runs(spec)
+    shared = spec_with(config={"policy": {"batch_size": 0}})  # the shared batch shape may come from `config`
+    with pytest.raises(BenchSpecError, match=r"policy\.batch_size: Input should be greater than 0"):
+        plan_runs(shared)
+
+
+def test_method_options_become_policy_fields_and_config_may_set_only_the_batch_shape():
+    spec = spec_with(config={"policy": {"batch_size": 4}},
+                     methods=[{"label": "uniform", "policy": "uniform"},
+                              {"label": "l2rr", "policy": "l2rr", "options": {"lambda_waste": 1.0}}])
+    configs = {r.label: r.config["policy"] for r in plan_runs(spec)}
+    assert configs["l2rr"] == {"batch_size": 4, "rollouts_per_prompt": 8, "name": "l2rr", "lambda_waste": 1.0}
+    assert configs["uniform"] == {"batch_size": 4, "rollouts_per_prompt": 8, "name": "uniform"}
+    with pytest.raises(BenchSpecError, match=r"config: .*policy\.lambda_waste is an option of one policy"):
+        spec_with(config={"policy": {"lambda_waste": 1.0}})
+    with pytest.raises(BenchSpecError, match=r"methods\[0\]\.options: `name` is the method's `policy`"):
+        spec_with(methods=[{"label": "uniform", "policy": "uniform", "options": {"name": "dapo"}}])
+
+
 def test_load_spec_reports_missing_file_and_bad_toml(tmp_path):
     with pytest.raises(BenchSpecError, match="does not exist"):
         load_spec(tmp_path / "nope.toml")
@@ -115,7 +152,7 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
     assert diagnostics["target-mix"].config == {"data": {"train_on_feedback_split": True}}
     assert diagnostics["uniform-select"].config == {"selection": {"every": 10}}
     oracle_run = next(r for r in plan_runs(load_profile("diagnostics")) if r.label == "oracle")
-    assert oracle_run.config["policy"]["options"]["domain_weights"] == {"count": 1.0}  # filled as simulate does
+    assert oracle_run.config["policy"]["domain_weights"] == {"count": 1.0}  # filled as simulate does
     with pytest.raises(BenchSpecError, match="unknown profile"):
         load_profile("huge")
 

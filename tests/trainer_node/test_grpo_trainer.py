@@ -7,8 +7,8 @@ import torch
 
 from tests.trainer_node.grpo_helpers import make_model_dir, make_settings, make_trainer, parameters, toy_pool
 from trainer_node.grpo.rollout import generation_seed, overlong_penalty
-from trainer_node.policies.base import PolicySettings, RolloutRequest, StepRollouts
-from trainer_node.policies.uniform import UniformPolicy
+from trainer_node.policies.base import RolloutRequest, StepRollouts
+from trainer_node.policies.uniform import UniformOptions, UniformPolicy
 from trainer_node.run_output import RunOutput, read_metrics, write_plots
 
 
@@ -89,7 +89,7 @@ class RaggedRollouts(UniformPolicy):
 
 
 def _with_policy(trainer, policy_class):
-    trainer.policy = policy_class(toy_pool(), PolicySettings(4, 4), np.random.default_rng(0))
+    trainer.policy = policy_class(toy_pool(), UniformOptions(batch_size=4, rollouts_per_prompt=4), np.random.default_rng(0))
     return trainer
 
 
@@ -123,7 +123,7 @@ def test_gradient_accumulation_equals_one_big_batch(model_dir):
 
 
 def test_off_policy_epochs_minibatches_and_kl(model_dir):
-    settings = make_settings(ppo_epochs=2, mini_batches=2, grad_accum_steps=2, kl_coef=0.05, aggregation="seq_mean")
+    settings = make_settings(ppo_epochs=2, mini_batches=2, grad_accum_steps=2, kl_coef=0.05, loss_aggregation="seq_mean")
     trainer = make_trainer(model_dir, settings)
     assert trainer.ref_model is not None
     record = trainer.train_step()

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from tests.trainer_node.grpo_helpers import make_model_dir, make_settings, make_trainer
-from trainer_node.config import GrpoConfig
 from trainer_node.grpo import lookahead
 from trainer_node.grpo.lookahead import (
     LOOKAHEAD_OPTIMIZERS,
@@ -15,6 +14,7 @@ from trainer_node.grpo.lookahead import (
     get_lookahead_optimizer,
     lookahead_optimizer_names,
 )
+from trainer_node.grpo.settings import GRPOSettings
 
 HYPER = LookaheadHyper(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -65,12 +65,13 @@ def test_sgd_rule_ignores_weight_decay():
     assert torch.equal(get_lookahead_optimizer("sgd")(param, grad, HYPER, {}), torch.full((3,), 0.8))
 
 
-def test_config_and_trainer_refuse_an_unknown_optimizer(model_dir):
-    assert GrpoConfig(lookahead="sgd").lookahead == "sgd"
+def test_settings_refuse_an_unknown_optimizer():
+    # GRPOSettings is the [grpo] section itself: the name is checked once, when settings are built.
+    assert GRPOSettings(lookahead="sgd").lookahead == "sgd"
     with pytest.raises(ValueError, match="unknown lookahead optimizer 'lbfgs'; known: adamw, sgd"):
-        GrpoConfig(lookahead="lbfgs")
+        GRPOSettings(lookahead="lbfgs")
     with pytest.raises(ValueError, match="unknown lookahead optimizer 'lbfgs'"):
-        make_trainer(model_dir, make_settings(lookahead="lbfgs"))
+        make_settings(lookahead="lbfgs")
 
 
 def test_a_registered_optimizer_is_used_by_the_trainer_without_naming_it(model_dir, monkeypatch):

@@ -7,11 +7,13 @@ import json
 import numpy as np
 
 from tests.trainer_node.test_policy_fakes import make_pool, rollouts_for, run_step
-from trainer_node.policies.base import Group, PolicySettings, build_policy
+from trainer_node.policies.base import Group, build_policy
 
 
 def ar3po(pool, batch_size, n=8, seed=0, **options):
-    return build_policy("ar3po", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+    return build_policy(
+        {"name": "ar3po", "batch_size": batch_size, "rollouts_per_prompt": n, **options}, pool, np.random.default_rng(seed)
+    )
 
 
 class Scripted:

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from tests.trainer_node.test_policy_fakes import CLUSTERS, FakeFeedback, FakeOracle, make_pool, run_step
-from trainer_node.policies.base import PolicySettings, StepRollouts, build_policy, policy_names
+from trainer_node.policies.base import (
+    POLICIES,
+    DataPolicy,
+    StepRollouts,
+    build_policy,
+    parse_policy_options,
+    policy_names,
+)
 
 # Options a policy cannot run without (everything else uses documented defaults).
 REQUIRED_OPTIONS = {
@@ -21,8 +28,8 @@ SETTINGS = {"batch_size": 6, "rollouts_per_prompt": 4}
 
 def make(name: str, seed: int = 0, **options):
     pool = make_pool(per_cluster=10)
-    settings = PolicySettings(**SETTINGS, options={**REQUIRED_OPTIONS.get(name, {}), **options})
-    return build_policy(name, pool, settings, np.random.default_rng(seed)), pool
+    options = parse_policy_options({"name": name, **SETTINGS, **REQUIRED_OPTIONS.get(name, {}), **options})
+    return build_policy(options, pool, np.random.default_rng(seed)), pool
 
 
 def feedback_for(pool, seed: int = 0) -> FakeFeedback:
@@ -84,9 +91,23 @@ def test_contract_unknown_option_names_key_and_lists_valid(name):
     assert "no_such_option" in str(err.value) and "valid options" in str(err.value)
 
 
+@pytest.mark.parametrize("name", policy_names())
+def test_contract_policy_gets_its_typed_options_and_declares_capabilities(name):
+    policy, _ = make(name)
+    assert isinstance(policy.options, POLICIES.options_model(name)) and policy.name == name
+    assert policy.options.batch_size == SETTINGS["batch_size"]
+    cls = POLICIES.get(name)
+    assert issubclass(cls, DataPolicy)
+    assert isinstance(cls.uses_target_feedback, bool) and isinstance(cls.simulation_only, bool)
+
+
+def test_only_the_oracle_is_simulation_only():
+    assert [name for name in policy_names() if POLICIES.get(name).simulation_only] == ["oracle"]
+
+
 def test_unknown_policy_name_lists_known():
     with pytest.raises(ValueError, match="known: .*uniform"):
-        build_policy("nope", make_pool(), PolicySettings(), np.random.default_rng(0))
+        build_policy({"name": "nope"}, make_pool(), np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("name", ["dapo", "greso", "l2rr"])
@@ -99,14 +120,11 @@ def test_wrong_option_type_names_key(name):
 def test_oracle_requires_known_domains():
     pool = make_pool(per_cluster=2)
     with pytest.raises(ValueError, match="domain_weights"):
-        build_policy("oracle", pool, PolicySettings(), np.random.default_rng(0))
+        build_policy({"name": "oracle"}, pool, np.random.default_rng(0))
     with pytest.raises(ValueError, match="chemistry"):
-        build_policy(
-            "oracle",
-            pool,
-            PolicySettings(options={"domain_weights": {"chemistry": 1.0}}),
-            np.random.default_rng(0),
-        )
+        build_policy({"name": "oracle", "domain_weights": {"chemistry": 1.0}}, pool, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="domain_weights"):
+        parse_policy_options({"name": "oracle", "domain_weights": {"algebra": -1.0}})
 
 
 def test_oracle_follows_domain_weights():

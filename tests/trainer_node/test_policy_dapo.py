@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from tests.trainer_node.test_policy_fakes import FakeOracle, make_pool, rollouts_for, run_step
-from trainer_node.policies.base import Group, PolicySettings, build_policy
+from trainer_node.policies.base import Group, build_policy
 
 
 def dapo(pool, batch_size=4, n=4, seed=0, **options):
-    return build_policy("dapo", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+    return build_policy(
+        {"name": "dapo", "batch_size": batch_size, "rollouts_per_prompt": n, **options}, pool, np.random.default_rng(seed)
+    )
 
 
 def test_accumulates_rounds_until_batch_of_informative_groups():

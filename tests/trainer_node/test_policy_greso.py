@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 from tests.trainer_node.test_policy_fakes import FakeOracle, make_pool, rollouts_for, run_step
-from trainer_node.policies.base import Group, PolicySettings, StepRollouts, build_policy
+from trainer_node.policies.base import Group, StepRollouts, build_policy
 from trainer_node.policies.greso import adaptive_batch_size, skip_probability, step_probability
 
 
 def greso(pool, batch_size=8, n=4, seed=0, **options):
-    return build_policy("greso", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+    return build_policy(
+        {"name": "greso", "batch_size": batch_size, "rollouts_per_prompt": n, **options}, pool, np.random.default_rng(seed)
+    )
 
 
 def group(pool, index, rewards):

@@ -18,7 +18,7 @@ from tests.trainer_node.test_policy_fakes import (
     rollouts_for,
     run_step,
 )
-from trainer_node.policies.base import Group, PolicySettings, StepRollouts, build_policy
+from trainer_node.policies.base import Group, StepRollouts, build_policy
 from trainer_node.policies.l2rr_estimators import (
     ESTIMATORS,
     EstimatorSettings,
@@ -37,7 +37,9 @@ from trainer_node.policies.l2rr_rules import (
 
 
 def l2rr(pool, batch_size=8, n=8, seed=0, **options):
-    return build_policy("l2rr", pool, PolicySettings(batch_size, n, options), np.random.default_rng(seed))
+    return build_policy(
+        {"name": "l2rr", "batch_size": batch_size, "rollouts_per_prompt": n, **options}, pool, np.random.default_rng(seed)
+    )
 
 
 def feedback(values, seed=0, **kwargs):

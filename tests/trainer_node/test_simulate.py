@@ -163,7 +163,7 @@ def test_oracle_gets_the_target_composition_in_simulation(tmp_path):
 
     config = _tiny_sim_config(tmp_path, tmp_path / "run", "oracle")
     resolved = resolve_config(SimulateOptions(config=config))
-    assert resolved.policy.options["domain_weights"] == target_composition(load_testbed("small"))
+    assert resolved.policy.domain_weights == target_composition(load_testbed("small"))
 
 
 def test_train_refuses_simulation_only_options(tmp_path):

@@ -23,15 +23,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from trainer_node.config import ConfigError, parse_config
 
 PROFILE_DIR = Path(str(resources.files("trainer_node.bench") / "profiles"))
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # Keys the bench sets itself for every run; a spec may not override them through `config`.
-_BENCH_OWNED = {("policy", "name"), ("policy", "options"), ("data", "testbed"), ("run", "seed"),
-                ("run", "steps"), ("run", "out_dir")}
+# (A policy's own options come from the method's `options`; `config` may set only the batch
+# shape every policy shares, see _check_overrides.)
+_BENCH_OWNED = {("policy", "name"), ("data", "testbed"), ("run", "seed"), ("run", "steps"),
+                ("run", "out_dir")}
 
 
 class BenchSpecError(ConfigError):
@@ -51,7 +61,8 @@ class MethodSpec(_Strict):
     """A registered data policy (trainer_node.policies): uniform, dapo, greso, ar3po, l2rr, oracle.
     (The target-mix diagnostic is uniform with config = { data = { train_on_feedback_split = true } }.)"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """The policy's options (policy.options of the simulate config)."""
+    """The policy's options: they become fields of the simulate config's [policy] table, typed by
+    the policy's registered options model (a typo fails when the spec loads)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra simulate-config overrides as nested tables, e.g. {grpo = {lr = 1e-4}}."""
     group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
@@ -73,6 +84,19 @@ class MethodSpec(_Strict):
         if name not in policy_names():
             raise ValueError(f"unknown data policy {name!r}; known: {', '.join(policy_names())}")
         return name
+
+    @field_validator("options")
+    @classmethod
+    def _typed_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        policy = info.data.get("policy")
+        if policy is None:
+            return options  # the policy's own error is reported already
+        if "name" in options:
+            raise ValueError("`name` is the method's `policy`; remove it from options")
+        from trainer_node.policies.base import parse_policy_options
+
+        parse_policy_options({**options, "name": policy})  # errors read methods[i].options.<key>
+        return options
 
     @field_validator("config")
     @classmethod
@@ -157,6 +181,13 @@ def default_workers() -> int:
     return max(1, (os.cpu_count() or 1) // 2)
 
 
+def _shared_policy_keys() -> set[str]:
+    """[policy] keys every data policy takes (the batch shape); `name` is the bench's."""
+    from trainer_node.policies.options import PolicyOptions
+
+    return set(PolicyOptions.model_fields) - {"name"}
+
+
 def _check_overrides(config: dict[str, Any]) -> None:
     for section, value in config.items():
         if not isinstance(value, dict):
@@ -165,6 +196,9 @@ def _check_overrides(config: dict[str, Any]) -> None:
         for key in value:
             if (section, key) in _BENCH_OWNED:
                 raise ValueError(f"{section}.{key} is set by the bench for every run; use the spec's own field instead")
+            if section == "policy" and key not in _shared_policy_keys():
+                raise ValueError(f"policy.{key} is an option of one policy; set it in the method's `options` "
+                                 f"(config may set only {', '.join(sorted(_shared_policy_keys()))})")
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -283,16 +317,15 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def run_config(spec: BenchSpec, method: MethodSpec, testbed: str, seed: int) -> dict[str, Any]:
     """Defaults < spec.config < method.config < the bench's own keys (policy, testbed, seed, steps)."""
     config = _merge(_merge(simulate_defaults(), spec.config), method.config)
-    config = _merge(config, {
-        "policy": {"name": method.policy, "options": method.options},
-        "data": {"testbed": testbed},
-        "run": {"seed": seed, "steps": spec.steps},
-    })
-    config["policy"]["options"] = json.loads(json.dumps(method.options))  # replace, never merge
+    config = _merge(config, {"data": {"testbed": testbed}, "run": {"seed": seed, "steps": spec.steps}})
+    # [policy] is the batch shape from defaults and `config`, then the method's own options; the
+    # policy-specific keys of another table never leak in (replace, never merge).
+    shared = {k: v for k, v in config.get("policy", {}).items() if k in _shared_policy_keys()}
+    config["policy"] = {**shared, "name": method.policy, **json.loads(json.dumps(method.options))}
     if method.policy == "oracle" and "domain_weights" not in method.options:
         from trainer_node.policies.oracle import target_domain_weights  # as simulate fills them in
 
-        config["policy"]["options"]["domain_weights"] = target_domain_weights(testbed)
+        config["policy"]["domain_weights"] = target_domain_weights(testbed)
     config["run"].pop("out_dir", None)
     return config
 

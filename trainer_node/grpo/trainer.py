@@ -63,6 +63,7 @@ class GRPOTrainer:
         render: RenderFn,
         reward_fn: RewardFn,
         settings: GRPOSettings,
+        sampling: SamplingParams,
         device: str | torch.device = "cpu",
         feedback: FeedbackContext | None = None,
         on_step_end: StepCallback | None = None,
@@ -75,6 +76,7 @@ class GRPOTrainer:
         self.render = render
         self.reward_fn = reward_fn
         self.settings = settings
+        self.sampling = sampling  # rollout decoding; its seed is the run seed every rollout seed derives from
         self.device = torch.device(device)
         self.feedback = feedback
         self.on_step_end = on_step_end
@@ -130,8 +132,8 @@ class GRPOTrainer:
             engine=self.engine,
             render=self.render,
             reward_fn=self.reward_fn,
-            params=SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p),
-            run_seed=s.seed,
+            params=self.sampling,
+            run_seed=self.sampling.seed,
             step=step,
             round_index=round_index,
             overlong_buffer=s.overlong_buffer,
@@ -149,12 +151,12 @@ class GRPOTrainer:
         batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
         if self.ref_model is not None:
             with torch.no_grad():
-                ref, _ = token_logprobs(self.ref_model, batch, self.settings.temperature)
+                ref, _ = token_logprobs(self.ref_model, batch, self.sampling.temperature)
             batch = replace(batch, ref_logprobs=ref)
         return batch
 
     def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs, entropy = token_logprobs(self.model, micro, self.settings.temperature, with_entropy)
+        logprobs, entropy = token_logprobs(self.model, micro, self.sampling.temperature, with_entropy)
         out = self.loss_fn(logprobs, micro, self.settings.loss_settings)
         metrics = dict(out.metrics)
         if entropy is not None:
@@ -169,7 +171,7 @@ class GRPOTrainer:
         batch = self.build_batch(groups)
         if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
             with torch.no_grad():
-                old, _ = token_logprobs(self.model, batch, s.temperature)
+                old, _ = token_logprobs(self.model, batch, self.sampling.temperature)
             batch = replace(batch, old_logprobs=old)
         minis = [replace(m, total_completion_tokens=None, total_sequences=None) for m in batch.split(s.mini_batches)]
         losses: list[float] = []

@@ -21,55 +21,54 @@ only keeps them out of the loss normaliser, as DAPO and L2RR do here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, ValidationInfo, field_validator
 
 from trainer_node.policies.base import (
+    POLICIES,
     DataPolicy,
     Group,
-    PolicySettings,
     Rollout,
     RolloutRequest,
     SourcePool,
     StepRollouts,
-    parse_options,
-    register_policy,
-    require,
     sample_fresh_uniform,
 )
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class Ar3poOptions:
-    stage_rollouts: int = 2  # responses per prompt per stage
-    max_rollouts: int | None = None  # responses per prompt at most; default rollouts_per_prompt
-    correct_threshold: float = 0.5  # reward >= this counts as correct (rewards: 1 right, 0 wrong)
+class Ar3poOptions(PolicyOptions):
+    name: Literal["ar3po"] = Field(default="ar3po", description="AR3PO staged rollout plus response reuse.")
+    stage_rollouts: int = Field(
+        default=2, ge=2, description="Responses per prompt per stage (>= 2: a group needs two rewards)."
+    )
+    max_rollouts: int | None = Field(
+        default=None, description="Responses per prompt at most (>= stage_rollouts); None = "
+        "rollouts_per_prompt."
+    )
+    correct_threshold: float = Field(
+        default=0.5, gt=0, le=1, description="A reward >= this counts as correct (rewards: 1 right, 0 wrong)."
+    )
 
-    def __post_init__(self) -> None:
-        require(
-            self.stage_rollouts >= 2, "ar3po", "stage_rollouts", "must be >= 2 (a group needs two rewards)"
-        )
-        require(
-            self.max_rollouts is None or self.max_rollouts >= self.stage_rollouts,
-            "ar3po",
-            "max_rollouts",
-            "must be >= stage_rollouts",
-        )
-        require(0 < self.correct_threshold <= 1, "ar3po", "correct_threshold", "must be in (0, 1]")
+    @field_validator("max_rollouts")
+    @classmethod
+    def _at_least_one_stage(cls, value: int | None, info: ValidationInfo) -> int | None:
+        stage = info.data.get("stage_rollouts")
+        if value is not None and stage is not None and value < stage:
+            raise ValueError(f"must be >= stage_rollouts ({stage}), got {value}")
+        return value
 
 
-@register_policy
+@POLICIES.register("ar3po", options=Ar3poOptions)
 class Ar3poPolicy(DataPolicy):
-    name = "ar3po"
+    options: Ar3poOptions
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = parse_options(self.name, Ar3poOptions, settings.options)
-        self.max_rollouts = self.options.max_rollouts or max(
-            settings.rollouts_per_prompt, self.options.stage_rollouts
-        )
+    def __init__(self, pool: SourcePool, options: Ar3poOptions, rng: np.random.Generator):
+        super().__init__(pool, options, rng)
+        self.max_rollouts = options.max_rollouts or max(options.rollouts_per_prompt, options.stage_rollouts)
         self.buffer: dict[int, Rollout] = {}  # prompt index -> latest generated correct response
         self._step_metrics: dict[str, float] = {}
 
@@ -82,7 +81,7 @@ class Ar3poPolicy(DataPolicy):
     def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
         stage = self.options.stage_rollouts
         if so_far.rounds == 0:
-            indices = sample_fresh_uniform(self.rng, len(self.pool), self.settings.batch_size, set())
+            indices = sample_fresh_uniform(self.rng, len(self.pool), self.options.batch_size, set())
             return [RolloutRequest(i, min(stage, self.max_rollouts)) for i in indices]
         requests = []
         for group in so_far.groups:

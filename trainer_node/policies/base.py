@@ -10,24 +10,27 @@ One GRPO step drives a policy like this (trainer_node/grpo/trainer.py):
     policy.before_update(step, batch, feedback)             # target feedback (L2RR), may be None
     update(batch)
 
-To add a policy: write one module in this package with a DataPolicy subclass, give it a
-unique `name`, and decorate it with @register_policy. Every registered policy runs through
+To add a policy: write one module in this package with an options model (a PolicyOptions
+subclass with `name: Literal["mine"] = "mine"`, see options.py) and a DataPolicy subclass
+decorated with `@POLICIES.register("mine", options=MineOptions)`; it reads `self.options`.
+A third-party policy is a DataPolicy subclass with an `Options` attribute, declared in the
+entry-point group `target_feedback.policies`. Every registered policy runs through
 tests/trainer_node/test_policy_contract.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from protocol.plugins import Registry, subclass_entries
+from rlvr_core.configuration import field_error, validate_options
 from rlvr_core.tasks.example import Example
+from trainer_node.policies.options import DEFAULT_POLICY, PolicyOptions
 
 
 @dataclass(frozen=True)
@@ -132,22 +135,21 @@ class FeedbackContext(Protocol):
     def should_query(self, step: int) -> bool: ...
 
 
-@dataclass(frozen=True)
-class PolicySettings:
-    """Batch shape shared by every policy; per-policy options come as a dict."""
-
-    batch_size: int = 16             # prompts per training batch (B)
-    rollouts_per_prompt: int = 8     # n
-    options: dict[str, Any] = field(default_factory=dict)
-
-
 class DataPolicy(ABC):
-    name: ClassVar[str] = ""
-    uses_target_feedback: ClassVar[bool] = False
+    """One data policy. It is built from its typed options (`self.options`: the `[policy]`
+    table, shared batch shape included) and exposes capabilities as class attributes, so
+    callers never compare registered names."""
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
+    name: ClassVar[str] = ""
+    """Stamped by the registry: the name the class is registered under (for logs and messages)."""
+    uses_target_feedback: ClassVar[bool] = False
+    """Learns from the target owner (gets a FeedbackContext in before_update)."""
+    simulation_only: ClassVar[bool] = False
+    """Needs knowledge only a simulation has (e.g. the target's composition); `train` refuses it."""
+
+    def __init__(self, pool: SourcePool, options: PolicyOptions, rng: np.random.Generator):
         self.pool = pool
-        self.settings = settings
+        self.options = options
         self.rng = rng
 
     @abstractmethod
@@ -176,40 +178,69 @@ class DataPolicy(ABC):
         return {}
 
 
-_REGISTRY: dict[str, type[DataPolicy]] = {}
-
-
-def register_policy(cls: type[DataPolicy]) -> type[DataPolicy]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} must set a non-empty `name`")
-    if cls.name in _REGISTRY:
-        raise ValueError(f"data policy {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def policy_names() -> list[str]:
-    _import_all()
-    return sorted(_REGISTRY)
-
-
-def build_policy(name: str, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator) -> DataPolicy:
-    """Create a registered policy by name. Known names: see policy_names()."""
-    _import_all()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown data policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](pool, settings, rng)
-
-
-def _import_all() -> None:
+def _import_builtin_policies() -> None:
     import importlib
     import pkgutil
 
     import trainer_node.policies as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "base":
+        if mod.name not in ("base", "options"):
             importlib.import_module(f"trainer_node.policies.{mod.name}")
+
+
+POLICIES: Registry[type[DataPolicy]] = Registry(
+    "policies", _import_builtin_policies, noun="data policy", on_add=subclass_entries(DataPolicy, "data policy")
+)
+"""Data policies by name; plug-ins come through the entry-point group `target_feedback.policies`
+(a DataPolicy subclass with an `Options` attribute: its PolicyOptions model)."""
+
+
+def policy_names() -> list[str]:
+    return POLICIES.names()
+
+
+def policy_options_model(name: str) -> type[PolicyOptions]:
+    """The options model registered with policy `name` (PolicyOptions for a plug-in without one)."""
+    model = POLICIES.options_model(name) or PolicyOptions
+    if not (isinstance(model, type) and issubclass(model, PolicyOptions)):
+        raise TypeError(f"data policy {name!r}: its options model {model!r} must subclass "
+                        "trainer_node.policies.options.PolicyOptions")
+    return model
+
+
+def parse_policy_options(raw: Mapping[str, Any] | PolicyOptions) -> PolicyOptions:
+    """Validate a `[policy]` table with the options model of the policy it names.
+
+    Raises pydantic's ValidationError with locations inside the table (`lambda_waste`,
+    `name`, ...); the config edge prefixes them with `policy.`.
+    """
+    if isinstance(raw, PolicyOptions):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise field_error("PolicyOptions", (), "model_type", "must be a table, e.g. [policy] name = "
+            "\"l2rr\"", raw)
+    if "options" in raw:
+        raise field_error(
+            "PolicyOptions", ("options",), "moved_table",
+            "policy options now sit directly in [policy]: move every key of [policy.options] up into "
+            "[policy] (e.g. `lambda_waste = 0.25` under [policy]) and delete the [policy.options] table",
+            raw["options"],
+        )
+    name = raw.get("name", DEFAULT_POLICY)
+    if not isinstance(name, str) or name not in POLICIES:
+        known = ", ".join(policy_names())
+        raise field_error("PolicyOptions", ("name",), "unknown_entry",
+                          f"unknown data policy {name!r}; known: {known}", name)
+    return validate_options(policy_options_model(name), {**raw, "name": name}, part=f"data policy {name!r}")
+
+
+def build_policy(options: PolicyOptions | Mapping[str, Any], pool: SourcePool,
+                 rng: np.random.Generator) -> DataPolicy:
+    """Create the policy its options name (a `[policy]` table, typed or not). Known names:
+    see policy_names()."""
+    typed = parse_policy_options(options)
+    return POLICIES.get(typed.name)(pool, typed, rng)
 
 
 RewardFn = Callable[[str, Example], float]
@@ -238,53 +269,3 @@ def sample_fresh_uniform(
     if count == 0:
         return []
     return [int(i) for i in rng.choice(eligible, size=count, replace=False)]
-
-
-# --- option parsing shared by every policy ------------------------------------------------
-
-OptionsT = TypeVar("OptionsT")
-
-
-def parse_options(policy: str, options_type: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
-    """Build a policy's typed options dataclass from `PolicySettings.options`.
-
-    Validated once, at the edge: an unknown key raises ValueError naming it and listing the
-    valid keys, and a value of the wrong type raises ValueError naming the key. Range checks
-    belong in the options dataclass's __post_init__. bool is never accepted for an int/float
-    option (a TOML typo like `eta_q = true` must not become 1.0), and ints are widened to float.
-    """
-    fields = {f.name: f for f in dataclasses.fields(options_type)}  # type: ignore[arg-type]
-    hints = typing.get_type_hints(options_type)
-    values: dict[str, Any] = {}
-    for key, value in options.items():
-        if key not in fields:
-            raise ValueError(
-                f"{policy}: unknown option {key!r}; valid options: {', '.join(sorted(fields)) or '(none)'}"
-            )
-        values[key] = _coerce_option(policy, key, value, hints[key])
-    return options_type(**values)
-
-
-def _coerce_option(policy: str, key: str, value: Any, expected: Any) -> Any:
-    allowed = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
-    for kind in allowed:
-        if kind is type(None) and value is None:
-            return None
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if kind is str and isinstance(value, str):
-            return value
-        if typing.get_origin(kind) is dict and isinstance(value, Mapping):
-            return dict(value)
-    names = " | ".join(getattr(k, "__name__", str(k)) for k in allowed)
-    raise ValueError(f"{policy}: option {key!r} must be {names}, got {type(value).__name__} {value!r}")
-
-
-def require(condition: bool, policy: str, key: str, message: str) -> None:
-    """Raise the standard option error (naming the policy and key) unless `condition` holds."""
-    if not condition:
-        raise ValueError(f"{policy}: option {key!r} {message}")

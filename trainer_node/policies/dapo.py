@@ -15,70 +15,67 @@ must not die on one unlucky step, so we train on what we have and count the even
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from trainer_node.policies.base import (
+    POLICIES,
     DataPolicy,
     Group,
-    PolicySettings,
     RolloutRequest,
     SourcePool,
     StepRollouts,
     informative_groups,
-    parse_options,
-    register_policy,
-    require,
     sample_fresh_uniform,
 )
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class DapoOptions:
-    gen_batch_multiplier: float = 1.0  # prompts per round = ceil(batch_size * this)
-    max_num_gen_batches: int = 4  # rounds per step before training on what we have
+class DapoOptions(PolicyOptions):
+    name: Literal["dapo"] = Field(default="dapo", description="DAPO dynamic sampling (filter_groups).")
+    gen_batch_multiplier: float = Field(
+        default=1.0, gt=0, description="Prompts per generation round = ceil(batch_size * this)."
+    )
+    max_num_gen_batches: int = Field(
+        default=4, ge=1, description="Generation rounds per step before training on what was kept."
+    )
 
-    def __post_init__(self) -> None:
-        require(self.gen_batch_multiplier > 0, "dapo", "gen_batch_multiplier", "must be > 0")
-        require(self.max_num_gen_batches >= 1, "dapo", "max_num_gen_batches", "must be >= 1")
 
-
-@register_policy
+@POLICIES.register("dapo", options=DapoOptions)
 class DapoPolicy(DataPolicy):
-    name = "dapo"
+    options: DapoOptions
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = parse_options(self.name, DapoOptions, settings.options)
-        self.gen_batch_size = max(1, math.ceil(settings.batch_size * self.options.gen_batch_multiplier))
+    def __init__(self, pool: SourcePool, options: DapoOptions, rng: np.random.Generator):
+        super().__init__(pool, options, rng)
+        self.gen_batch_size = max(1, math.ceil(options.batch_size * options.gen_batch_multiplier))
         self.cap_hits_total = 0
         self._step_metrics: dict[str, float] = {}
 
     def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
         if so_far.rounds > 0:
             kept = len(informative_groups(so_far.groups))
-            if kept >= self.settings.batch_size or so_far.rounds >= self.options.max_num_gen_batches:
+            if kept >= self.options.batch_size or so_far.rounds >= self.options.max_num_gen_batches:
                 return []
         seen = {g.index for g in so_far.groups}
         indices = sample_fresh_uniform(self.rng, len(self.pool), self.gen_batch_size, seen)
-        return [RolloutRequest(i, self.settings.rollouts_per_prompt) for i in indices]
+        return [RolloutRequest(i, self.options.rollouts_per_prompt) for i in indices]
 
     def training_groups(self, step: int, so_far: StepRollouts) -> list[Group]:
         kept = informative_groups(so_far.groups)
-        cap_hit = len(kept) < self.settings.batch_size
+        cap_hit = len(kept) < self.options.batch_size
         self.cap_hits_total += int(cap_hit)
         total = max(len(so_far.groups), 1)
         self._step_metrics = {
             "rounds": float(so_far.rounds),
-            "kept_groups": float(min(len(kept), self.settings.batch_size)),
+            "kept_groups": float(min(len(kept), self.options.batch_size)),
             "zero_variance_frac": float(sum(g.zero_variance for g in so_far.groups) / total),
             "rollouts_generated": float(so_far.rollouts_generated),
             "cap_hit": float(cap_hit),
             "cap_hits_total": float(self.cap_hits_total),
         }
-        return kept[: self.settings.batch_size]
+        return kept[: self.options.batch_size]
 
     def state_dict(self) -> dict[str, Any]:
         return {"cap_hits_total": self.cap_hits_total}

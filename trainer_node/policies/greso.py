@@ -32,55 +32,72 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, ValidationInfo, field_validator
 
 from trainer_node.policies.base import (
+    POLICIES,
     DataPolicy,
     Group,
-    PolicySettings,
     RolloutRequest,
     SourcePool,
     StepRollouts,
     informative_groups,
-    parse_options,
-    register_policy,
-    require,
 )
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class GresoOptions:
-    p_easy: float = 0.5  # initial keep base for easy prompts
-    p_hard: float = 0.5  # initial keep base for hard prompts
-    easy_threshold: float = 0.98  # mean reward >= this: easy (binary rewards: all correct)
-    hard_threshold: float = 0.11  # mean reward <= this: hard (binary rewards: all wrong)
-    keep_floor: float = 0.01  # a prompt is always kept with at least this probability
-    target_zero_variance: float = 0.25  # alpha
-    p_step: float = 0.01
-    p_min: float = 0.05
-    p_max: float = 0.95
-    sampling_batch_size: int | None = None  # default ceil(1.5 * batch_size)
-    min_sampling_batch_size: int | None = None  # default max(1, batch_size // 4)
-    batch_margin: float = 1.25
-    max_num_gen_batches: int = 8
+class GresoOptions(PolicyOptions):
+    name: Literal["greso"] = Field(
+        default="greso", description="GRESO pre-rollout skipping of predicted-waste prompts."
+    )
+    p_easy: float = Field(default=0.5, gt=0, le=1, description="Initial keep base for easy prompts.")
+    p_hard: float = Field(default=0.5, gt=0, le=1, description="Initial keep base for hard prompts.")
+    easy_threshold: float = Field(
+        default=0.98, description="Mean reward >= this: easy (binary rewards: all correct)."
+    )
+    hard_threshold: float = Field(
+        default=0.11, description="Mean reward <= this: hard (binary rewards: all wrong); < easy_threshold."
+    )
+    keep_floor: float = Field(
+        default=0.01, gt=0, le=1, description="A prompt is always kept with at least this probability."
+    )
+    target_zero_variance: float = Field(
+        default=0.25, gt=0, lt=1, description="alpha: the zero-variance share the keep bases steer towards."
+    )
+    p_step: float = Field(default=0.01, ge=0, description="Step of the keep bases after each step.")
+    p_min: float = Field(default=0.05, gt=0, le=1, description="Lowest keep base.")
+    p_max: float = Field(default=0.95, gt=0, le=1, description="Highest keep base (>= p_min).")
+    sampling_batch_size: int | None = Field(
+        default=None, ge=1, description="Prompts per sampling round at most; None = ceil(1.5 * batch_size)."
+    )
+    min_sampling_batch_size: int | None = Field(
+        default=None, ge=1, description="Prompts per sampling round at least; None = max(1, batch_size // 4)."
+    )
+    batch_margin: float = Field(
+        default=1.25, gt=0, description="Safety factor on the adaptive round size B_est."
+    )
+    max_num_gen_batches: int = Field(
+        default=8, ge=1, description="Sampling rounds per step at most (a pool of only waste cannot loop)."
+    )
 
-    def __post_init__(self) -> None:
-        for key in ("p_easy", "p_hard", "keep_floor"):
-            require(0 < getattr(self, key) <= 1, "greso", key, "must be in (0, 1]")
-        require(
-            self.hard_threshold < self.easy_threshold, "greso", "hard_threshold", "must be < easy_threshold"
-        )
-        require(0 < self.target_zero_variance < 1, "greso", "target_zero_variance", "must be in (0, 1)")
-        require(self.p_step >= 0, "greso", "p_step", "must be >= 0")
-        require(0 < self.p_min <= self.p_max <= 1, "greso", "p_min", "needs 0 < p_min <= p_max <= 1")
-        for key in ("sampling_batch_size", "min_sampling_batch_size"):
-            value = getattr(self, key)
-            require(value is None or value >= 1, "greso", key, "must be >= 1")
-        require(self.batch_margin > 0, "greso", "batch_margin", "must be > 0")
-        require(self.max_num_gen_batches >= 1, "greso", "max_num_gen_batches", "must be >= 1")
+    @field_validator("hard_threshold")
+    @classmethod
+    def _below_easy(cls, value: float, info: ValidationInfo) -> float:
+        easy = info.data.get("easy_threshold")
+        if easy is not None and not value < easy:
+            raise ValueError(f"must be < easy_threshold ({easy}), got {value}")
+        return value
+
+    @field_validator("p_max")
+    @classmethod
+    def _above_min(cls, value: float, info: ValidationInfo) -> float:
+        low = info.data.get("p_min")
+        if low is not None and value < low:
+            raise ValueError(f"must be >= p_min ({low}), got {value}")
+        return value
 
 
 def skip_probability(
@@ -109,14 +126,14 @@ def step_probability(
     return min(p + step, hi)
 
 
-@register_policy
+@POLICIES.register("greso", options=GresoOptions)
 class GresoPolicy(DataPolicy):
-    name = "greso"
+    options: GresoOptions
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = opts = parse_options(self.name, GresoOptions, settings.options)
-        batch = settings.batch_size
+    def __init__(self, pool: SourcePool, options: GresoOptions, rng: np.random.Generator):
+        super().__init__(pool, options, rng)
+        opts = options
+        batch = options.batch_size
         self.sampling_batch_size = opts.sampling_batch_size or max(1, math.ceil(1.5 * batch))
         self.min_sampling_batch_size = opts.min_sampling_batch_size or max(1, batch // 4)
         self.p_easy = opts.p_easy
@@ -156,11 +173,11 @@ class GresoPolicy(DataPolicy):
         self._groups_before_round = len(so_far.groups)
         chosen = self._draw_unskipped(size, {g.index for g in so_far.groups})
         self._round_sizes.append(len(chosen))
-        return [RolloutRequest(i, self.settings.rollouts_per_prompt) for i in chosen]
+        return [RolloutRequest(i, self.options.rollouts_per_prompt) for i in chosen]
 
     def _next_round_size(self, so_far: StepRollouts) -> int:
         """0 to stop; else the adaptive sampling batch size for the next round."""
-        target = self.settings.batch_size
+        target = self.options.batch_size
         have = len(informative_groups(so_far.groups))
         if have >= target or self._last_round or so_far.rounds >= self.options.max_num_gen_batches:
             return 0
@@ -196,14 +213,14 @@ class GresoPolicy(DataPolicy):
         total = max(len(so_far.groups), 1)
         self._step_metrics = {
             "rounds": float(so_far.rounds),
-            "kept_groups": float(min(len(kept), self.settings.batch_size)),
+            "kept_groups": float(min(len(kept), self.options.batch_size)),
             "zero_variance_frac": float(sum(g.zero_variance for g in so_far.groups) / total),
             "rollouts_generated": float(so_far.rollouts_generated),
             "skipped": float(len(self._skipped)),
             "last_sampling_batch_size": float(self._round_sizes[-1] if self._round_sizes else 0),
-            "cap_hit": float(len(kept) < self.settings.batch_size),
+            "cap_hit": float(len(kept) < self.options.batch_size),
         }
-        return kept[: self.settings.batch_size]
+        return kept[: self.options.batch_size]
 
     def observe(self, step: int, groups: Sequence[Group]) -> None:
         opts = self.options

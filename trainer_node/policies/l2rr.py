@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from trainer_node.policies.base import (
+    POLICIES,
     DataPolicy,
     FeedbackContext,
     Group,
-    PolicySettings,
     RolloutRequest,
     SourcePool,
     StepRollouts,
     informative_groups,
-    parse_options,
-    register_policy,
-    require,
 )
 from trainer_node.policies.l2rr_estimators import (
     EstimatorSettings,
@@ -52,46 +49,55 @@ from trainer_node.policies.l2rr_rules import (
     mixed_distribution,
     predicted_waste,
 )
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class L2rrOptions:
-    lambda_waste: float = 0.25  # paper's best lambda (Fig. 2 / Table 8)
-    waste_penalty: bool = True  # false: "w/o ws" ablation (lambda = 0)
-    rollout_allocation: bool = True  # false: every prompt gets n rollouts
-    learn_q: bool = True  # false: "uniform q" ablation (no feedback queries)
-    oversample: float = 1.5  # candidates per batch slot (paper: 384 for B = 256)
-    estimator: str = "lookahead"  # provisional default; see module docstring
-    eta_q: float = 0.1  # mirror-ascent step on the logits per query
-    q_floor: float = 0.05  # total mass spread uniformly: each cluster keeps >= q_floor / C
-    max_waste: int = 18  # counter cap: exp(-0.25 * 18) ~ 0.011, GRESO's 0.01 keep floor
-    min_rollouts: int = 2  # never below 2, so a group's variance is defined
-    grad_norm_beta: float = 0.9  # EMA of the hypergradient's mean square (scale normaliser)
-    grad_clip: float = 3.0  # |normalised hypergradient| cap per cluster
-    lookahead_max_clusters: int = 0  # 0 = one lookahead candidate per cluster present
-    spsa_a: float = 1.0
-    spsa_A: float = 10.0
-    spsa_c: float = 0.5
+class L2rrOptions(PolicyOptions):
+    name: Literal["l2rr"] = Field(default="l2rr", description="L2RR: learning-to-reweight rollout.")
+    lambda_waste: float = Field(
+        default=0.25, ge=0, description="Waste weight lambda (the paper's best, Fig. 2 / Table 8)."
+    )
+    waste_penalty: bool = Field(
+        default=True, description='false: the "w/o ws" ablation (lambda = 0 everywhere).'
+    )
+    rollout_allocation: bool = Field(default=True, description="false: every prompt gets n rollouts.")
+    learn_q: bool = Field(default=True, description='false: the "uniform q" ablation (no feedback queries).')
+    oversample: float = Field(
+        default=1.5, ge=1, description="Candidates per batch slot (the paper: 384 for B = 256)."
+    )
+    estimator: str = Field(
+        default="lookahead",
+        description="Hypergradient estimator (l2rr_estimators.py): 'lookahead' (provisional default) or "
+        "'spsa'.",
+    )
+    eta_q: float = Field(default=0.1, ge=0, description="Mirror-ascent step on the cluster logits per query.")
+    q_floor: float = Field(
+        default=0.05, ge=0, lt=1, description="Total mass spread uniformly: each cluster keeps >= q_floor / "
+        "C."
+    )
+    max_waste: int = Field(
+        default=18, ge=1, description="Waste counter cap: exp(-0.25 * 18) ~ 0.011, GRESO's 0.01 keep floor."
+    )
+    min_rollouts: int = Field(
+        default=2, ge=2, description="Fewest rollouts a prompt is given (>= 2, so its variance is defined)."
+    )
+    grad_norm_beta: float = Field(
+        default=0.9, ge=0, lt=1, description="EMA of the hypergradient's mean square (its scale normaliser)."
+    )
+    grad_clip: float = Field(default=3.0, gt=0, description="Cap on |normalised hypergradient| per cluster.")
+    lookahead_max_clusters: int = Field(
+        default=0, ge=0, description="Lookahead candidates per query; 0 = one per cluster in the batch."
+    )
+    spsa_a: float = Field(default=1.0, gt=0, description="SPSA step gain at k = 0.")
+    spsa_A: float = Field(default=10.0, ge=0, description="SPSA stability constant A.")
+    spsa_c: float = Field(default=0.5, gt=0, description="SPSA perturbation size in log-weight space.")
 
-    def __post_init__(self) -> None:
-        require(self.lambda_waste >= 0, "l2rr", "lambda_waste", "must be >= 0")
-        require(self.oversample >= 1, "l2rr", "oversample", "must be >= 1")
-        require(
-            self.estimator in estimator_names(),
-            "l2rr",
-            "estimator",
-            f"must be one of {estimator_names()}, got {self.estimator!r}",
-        )
-        require(self.eta_q >= 0, "l2rr", "eta_q", "must be >= 0")
-        require(0 <= self.q_floor < 1, "l2rr", "q_floor", "must be in [0, 1)")
-        require(self.max_waste >= 1, "l2rr", "max_waste", "must be >= 1")
-        require(self.min_rollouts >= 2, "l2rr", "min_rollouts", "must be >= 2")
-        require(0 <= self.grad_norm_beta < 1, "l2rr", "grad_norm_beta", "must be in [0, 1)")
-        require(self.grad_clip > 0, "l2rr", "grad_clip", "must be > 0")
-        require(self.lookahead_max_clusters >= 0, "l2rr", "lookahead_max_clusters", "must be >= 0")
-        require(self.spsa_a > 0, "l2rr", "spsa_a", "must be > 0")
-        require(self.spsa_A >= 0, "l2rr", "spsa_A", "must be >= 0")
-        require(self.spsa_c > 0, "l2rr", "spsa_c", "must be > 0")
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        if name not in estimator_names():
+            raise ValueError(f"must be one of {estimator_names()}, got {name!r}")
+        return name
 
     @property
     def effective_lambda(self) -> float:
@@ -106,14 +112,13 @@ class L2rrOptions:
         )
 
 
-@register_policy
+@POLICIES.register("l2rr", options=L2rrOptions)
 class L2rrPolicy(DataPolicy):
-    name = "l2rr"
     uses_target_feedback = True
+    options: L2rrOptions
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = parse_options(self.name, L2rrOptions, settings.options)
+    def __init__(self, pool: SourcePool, options: L2rrOptions, rng: np.random.Generator):
+        super().__init__(pool, options, rng)
         self.cluster_names = pool.cluster_names
         position = {name: c for c, name in enumerate(self.cluster_names)}
         self.cluster_of = np.array([position[c] for c in pool.clusters], dtype=np.int64)  # (N,)
@@ -136,8 +141,8 @@ class L2rrPolicy(DataPolicy):
     def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
         if so_far.rounds > 0:
             return []
-        n = self.settings.rollouts_per_prompt
-        batch = min(self.settings.batch_size, len(self.pool))
+        n = self.options.rollouts_per_prompt
+        batch = min(self.options.batch_size, len(self.pool))
         wanted = min(len(self.pool), max(batch, math.ceil(self.options.oversample * batch - 1e-9)))
         candidates = self.draw_candidates(wanted)
         successes, failures = self.history.evidence(candidates)

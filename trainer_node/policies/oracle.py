@@ -14,43 +14,39 @@ examples to the pool and runs "uniform".)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
-from trainer_node.policies.base import (
-    DataPolicy,
-    PolicySettings,
-    RolloutRequest,
-    SourcePool,
-    StepRollouts,
-    parse_options,
-    register_policy,
-    require,
-)
+from trainer_node.policies.base import POLICIES, DataPolicy, RolloutRequest, SourcePool, StepRollouts
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class OracleOptions:
-    domain_weights: dict[str, float] = field(default_factory=dict)  # required
+class OracleOptions(PolicyOptions):
+    name: Literal["oracle"] = Field(
+        default="oracle", description="Oracle mix (simulation only): source domains in the target's "
+        "proportions."
+    )
+    domain_weights: dict[str, float] | None = Field(
+        default=None,
+        description="Domain -> weight (normalised here), keyed by Example.domain. None: a simulation fills "
+        "in the target's composition from the testbed (a real trainer cannot know it).",
+    )
 
-    def __post_init__(self) -> None:
-        require(bool(self.domain_weights), "oracle", "domain_weights", "is required (domain -> weight)")
-        for domain, weight in self.domain_weights.items():
-            require(
-                isinstance(domain, str),
-                "oracle",
-                "domain_weights",
-                f"keys must be domain names, got {domain!r}",
-            )
-            ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
-            require(
-                ok and weight >= 0, "oracle", "domain_weights", f"[{domain!r}] must be a finite number >= 0"
-            )
-        require(
-            sum(self.domain_weights.values()) > 0, "oracle", "domain_weights", "must have a positive weight"
-        )
+    @field_validator("domain_weights")
+    @classmethod
+    def _weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is None:
+            return None
+        if not weights:
+            raise ValueError("must name at least one domain (domain -> weight)")
+        for domain, weight in weights.items():
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"[{domain!r}] must be a finite number >= 0, got {weight!r}")
+        if sum(weights.values()) <= 0:
+            raise ValueError("must have a positive weight")
+        return weights
 
 
 def target_domain_weights(testbed: str) -> dict[str, float]:
@@ -61,25 +57,25 @@ def target_domain_weights(testbed: str) -> dict[str, float]:
     return target_composition(load_testbed(testbed))
 
 
-@register_policy
+@POLICIES.register("oracle", options=OracleOptions)
 class OraclePolicy(DataPolicy):
-    name = "oracle"
+    simulation_only = True
+    options: OracleOptions
 
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = parse_options(self.name, OracleOptions, settings.options)
+    def __init__(self, pool: SourcePool, options: OracleOptions, rng: np.random.Generator):
+        super().__init__(pool, options, rng)
+        if options.domain_weights is None:
+            raise ValueError("oracle: option 'domain_weights' is required (domain -> weight); a simulation "
+                             "fills it in from the testbed's target composition")
         by_domain: dict[str, list[int]] = {}
         for index, example in enumerate(pool.examples):
             by_domain.setdefault(example.domain, []).append(index)
-        unknown = sorted(set(self.options.domain_weights) - set(by_domain))
-        require(
-            not unknown,
-            "oracle",
-            "domain_weights",
-            f"names domains not in the pool: {unknown}; pool domains: {sorted(by_domain)}",
-        )
-        self.domains = sorted(d for d, w in self.options.domain_weights.items() if w > 0)
-        weights = np.array([self.options.domain_weights[d] for d in self.domains], dtype=np.float64)
+        unknown = sorted(set(options.domain_weights) - set(by_domain))
+        if unknown:
+            raise ValueError(f"oracle: option 'domain_weights' names domains not in the pool: {unknown}; "
+                             f"pool domains: {sorted(by_domain)}")
+        self.domains = sorted(d for d, w in options.domain_weights.items() if w > 0)
+        weights = np.array([options.domain_weights[d] for d in self.domains], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.members = [np.array(by_domain[d], dtype=np.int64) for d in self.domains]
         self._shares: dict[str, float] = {}
@@ -90,7 +86,7 @@ class OraclePolicy(DataPolicy):
         left = [list(self.rng.permutation(m)) for m in self.members]  # uniform order within each domain
         counts = np.zeros(len(self.domains), dtype=np.int64)
         chosen: list[int] = []
-        for _ in range(self.settings.batch_size):
+        for _ in range(self.options.batch_size):
             open_mask = np.array([len(x) > 0 for x in left])
             if not open_mask.any():
                 break
@@ -100,7 +96,7 @@ class OraclePolicy(DataPolicy):
             counts[d] += 1
         total = max(len(chosen), 1)
         self._shares = {f"share/{d}": float(c / total) for d, c in zip(self.domains, counts)}
-        return [RolloutRequest(i, self.settings.rollouts_per_prompt) for i in chosen]
+        return [RolloutRequest(i, self.options.rollouts_per_prompt) for i in chosen]
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -2,37 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal
 
-import numpy as np
+from pydantic import Field
 
-from trainer_node.policies.base import (
-    DataPolicy,
-    PolicySettings,
-    RolloutRequest,
-    SourcePool,
-    StepRollouts,
-    parse_options,
-    register_policy,
-)
+from trainer_node.policies.base import POLICIES, DataPolicy, RolloutRequest, StepRollouts
+from trainer_node.policies.options import PolicyOptions
 
 
-@dataclass(frozen=True)
-class UniformOptions:
-    """Uniform takes no options; any key is a typo and is rejected."""
+class UniformOptions(PolicyOptions):
+    """Uniform takes only the shared batch shape; any other key is a typo and is rejected."""
+
+    name: Literal["uniform"] = Field(default="uniform", description="Uniform GRPO sampling.")
 
 
-@register_policy
+@POLICIES.register("uniform", options=UniformOptions)
 class UniformPolicy(DataPolicy):
-    name = "uniform"
-
-    def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
-        super().__init__(pool, settings, rng)
-        self.options = parse_options(self.name, UniformOptions, settings.options)
+    options: UniformOptions
 
     def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
         if so_far.rounds > 0:
             return []
-        size = min(self.settings.batch_size, len(self.pool))
+        size = min(self.options.batch_size, len(self.pool))
         indices = self.rng.choice(len(self.pool), size=size, replace=False)
-        return [RolloutRequest(int(i), self.settings.rollouts_per_prompt) for i in indices]
+        return [RolloutRequest(int(i), self.options.rollouts_per_prompt) for i in indices]

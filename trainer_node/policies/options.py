@@ -1,0 +1,35 @@
+"""The typed options every data policy takes: the `[policy]` table of a run config.
+
+Each policy module defines `class XOptions(PolicyOptions)` with `name: Literal["x"] = "x"` and
+its own fields (bounds and a description on each), and registers its class with it:
+`@POLICIES.register("x", options=XOptions)`. The run config's `[policy]` table is validated
+against the model registered under its `name` when the config loads, so
+
+    [policy]
+    name = "l2rr"
+    batch_size = 8
+    lamda_waste = 0.25     # typo
+
+fails at load with `policy.lamda_waste: not an option of data policy 'l2rr'; did you mean
+'lambda_waste'? ...`, and resolved_config.json lists every option with the value used.
+
+Light on purpose (pydantic only): trainer_node/config.py imports it at start-up.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rlvr_core.configuration import OptionsSection
+
+DEFAULT_POLICY = "uniform"
+
+
+class PolicyOptions(OptionsSection):
+    """The batch shape every data policy shares; each policy's options model extends it."""
+
+    name: str = Field(default=DEFAULT_POLICY, description="A registered data policy (trainer_node.policies).")
+    batch_size: int = Field(default=8, gt=0, description="Prompts per training batch (B).")
+    rollouts_per_prompt: int = Field(
+        default=16, ge=2, description="Rollouts per prompt (n); GRPO needs at least 2 to compare."
+    )
