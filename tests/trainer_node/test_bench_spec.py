@@ -71,6 +71,16 @@ def test_plan_time_validation_catches_a_policy_option_typo():
         plan_runs(shared)
 
 
+@pytest.mark.parametrize(("config", "field"), [
+    ({"rollout": {"options": {"batch_sise": 4}}}, r"rollout\.options\.batch_sise: not an option of engine"),
+    ({"model": {"tiny_spec": {"hiden_size": 64}}}, r"model\.tiny_spec\.hiden_size: unknown setting"),
+])
+def test_plan_time_validation_catches_engine_and_tiny_spec_typos(config, field):
+    spec = spec_with(methods=[{"label": "uniform", "policy": "uniform", "config": config}], control="uniform")
+    with pytest.raises(BenchSpecError, match=r"(?s)methods\[0\] \(uniform\).*" + field):
+        plan_runs(spec)
+
+
 def test_method_options_become_policy_fields_and_config_may_set_only_the_batch_shape():
     spec = spec_with(config={"policy": {"batch_size": 4}},
                      methods=[{"label": "uniform", "policy": "uniform"},
