@@ -2,8 +2,8 @@ import tomllib
 
 import pytest
 
-from trainer_node.bench import tomlwrite
-from trainer_node.bench.spec import BenchSpecError, load_profile, load_spec, parse_spec, plan_runs
+from lab.bench import tomlwrite
+from lab.bench.spec import BenchSpecError, load_profile, load_spec, parse_spec, plan_runs
 
 BASE = {"seeds": [0, 1], "steps": 4, "methods": [{"label": "uniform", "policy": "uniform"},
                                                   {"label": "l2rr", "policy": "l2rr"}]}

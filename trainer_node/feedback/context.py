@@ -4,7 +4,7 @@ It turns lookahead parameter sets into checkpoint directories, uploads them (onl
 files travel), asks for ONE multi-candidate release on the owner's secret subsample, and
 paces queries so the privacy budget lasts the run. When the owner is unreachable or the
 budget is spent it returns None: training goes on with the policy's last state, and the
-log says so.
+log says so. `connect_owner_feedback` is the one place an OwnerFeedback is built.
 """
 
 from __future__ import annotations
@@ -134,3 +134,45 @@ class OwnerFeedback:
 
     def upload_current(self, label: str = "current") -> str:
         return self.upload_state(self.trainer.current_state_dict(), label)
+
+
+# --- wiring -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FeedbackSettings:
+    """How a run queries its owner: decoding of the owner's evaluations and budget pacing."""
+
+    total_steps: int
+    max_new_tokens: int
+    seed: int
+    """Decoding seed of the first query; each query adds its step (OwnerFeedback.release_checkpoints)."""
+    samples_per_prompt: int = 1
+    temperature: float = 0.0
+    """0 = greedy, the lowest-variance estimate of the owner's accuracy."""
+    min_interval: int = 1
+    """Never query more often than every this many steps."""
+    reserve_queries: int = 0
+    """Releases the pacer keeps back from the sampler (1 for checkpoint selection)."""
+
+
+def connect_owner_feedback(
+    client: TargetFeedbackClient, trainer: Any, settings: FeedbackSettings, workdir: Path
+) -> OwnerFeedback:
+    """The one wiring of OwnerFeedback, its BudgetPacer and its decoding, for any client.
+
+    `train` (a remote owner) and the lab (a local owner process) both build theirs here. An
+    owner that does not answer at start is not fatal: the pacer assumes DP is on (the
+    conservative choice) and the queries retry later.
+    """
+    try:
+        dp_enabled = client.info().privacy.enabled
+    except FeedbackError as error:
+        log.warning("target owner not reachable at start (%s); training goes on and retries later", error)
+        dp_enabled = True
+    pacer = BudgetPacer(total_steps=settings.total_steps, min_interval=settings.min_interval,
+                        dp_enabled=dp_enabled, reserve_queries=settings.reserve_queries)
+    decoding = pb.DecodingSettings(max_new_tokens=settings.max_new_tokens,
+                                   samples_per_prompt=settings.samples_per_prompt,
+                                   temperature=settings.temperature, seed=settings.seed)
+    return OwnerFeedback(client, trainer, pacer, decoding, workdir)
+

@@ -144,6 +144,8 @@ class PolicySettings:
 class DataPolicy(ABC):
     name: ClassVar[str] = ""
     uses_target_feedback: ClassVar[bool] = False
+    simulation_only: ClassVar[bool] = False
+    """Needs knowledge only a simulation has (e.g. the target's composition); `train` refuses it."""
 
     def __init__(self, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator):
         self.pool = pool
@@ -191,6 +193,14 @@ def register_policy(cls: type[DataPolicy]) -> type[DataPolicy]:
 def policy_names() -> list[str]:
     _import_all()
     return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[DataPolicy]:
+    """The class registered as `name`, for its capabilities (uses_target_feedback, simulation_only)."""
+    _import_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
 
 
 def build_policy(name: str, pool: SourcePool, settings: PolicySettings, rng: np.random.Generator) -> DataPolicy:
