@@ -9,7 +9,7 @@ loads it lazily, only for `trainer-node simulate` and `trainer-node bench`.
     lab/evaluation.py      evaluation hooks on the target's test split (simulation only)
     lab/policies/          simulation-only data policies (oracle)
     lab/bench/             matched-seed comparisons of data policies (`trainer-node bench`)
-    lab/cli.py             the `simulate` and `bench` subcommands
+    lab/cli.py             the `simulate` and `bench` subcommands (simulate_cli.py, bench/cli.py)
 """
 
 import lab.policies  # noqa: F401  registers the simulation-only policies before any lab code names one

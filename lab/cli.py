@@ -12,74 +12,10 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import target_owner_node  # noqa: F401  the lab drives an owner: fail at once, and clearly, without one
 from lab.bench.cli import add_bench_parser
-from lab.simulate import SIMULATION_EPSILON, TARGET_MIX, SimulateOptions, run_simulation
-from trainer_node.policies.base import policy_names
-
-DESCRIPTION = """\
-Run the whole two-party system on this machine, on embedded defaults:
-
-  1. build (or reuse from .cache/) the tiny policy from the testbed's SOURCE data;
-  2. an owner setup (the owner's own `init`, fresh mTLS certificates), then
-     `target-owner-node serve` as a separate process on a free loopback port;
-     only that process serves the target data;
-  3. GRPO with the chosen data policy (L2RR by default), which learns from the owner's
-     aggregate, differentially private held-out accuracy;
-  4. a summary: target TEST accuracy before/after (measured by the owner process),
-     rollouts spent, epsilon spent out of the budget, wall time.
-
-The run directory gets metrics.jsonl, summary.json, resolved_config.json and PNG plots
-(accuracy vs rollouts, q per cluster over training, training reward)."""
-
-EPILOG = """\
-examples:
-  trainer-node simulate                                   # L2RR on the default testbed
-  trainer-node simulate --method uniform --seed 1         # a baseline, another seed
-  trainer-node simulate --method dapo --steps 20 --out runs/dapo
-  trainer-node simulate --no-dp                           # exact releases (no DP noise)
-  trainer-node simulate --config my.toml                  # your own config instead of the defaults
-methods: uniform, dapo, greso, ar3po, l2rr (trainer_node/policies/); diagnostics that only a
-  simulation can run: oracle (lab/policies/: source domains in the target's composition) and
-  target_mix (uniform GRPO that also trains on the owner's feedback split)
-checkpoint selection by target feedback (any method): set [selection] every = K in --config
-defaults: lab/configs/simulate_default.toml"""
-
-
-def add_simulate(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "simulate", help="the full system on one machine: L2RR + a local target-owner process",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--method", help="data policy or diagnostic (default: l2rr; see the list below)")
-    parser.add_argument("--testbed", help="testbed name (built-in: default, arith, strings, small) or a testbed TOML path (default: default)")
-    parser.add_argument("--seed", type=int, help="run seed (default 0)")
-    parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")
-    parser.add_argument("--out", type=Path, help="run directory (default runs/simulate)")
-    parser.add_argument("--no-dp", action="store_true", help="the owner releases exact accuracy (no DP)")
-    parser.add_argument("--epsilon", type=float, default=SIMULATION_EPSILON,
-                        help="the owner's total privacy budget (default %(default)s)")
-    parser.add_argument("--config", type=Path,
-                        help="a TOML run config used instead of the embedded defaults (flags still apply)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.set_defaults(run=run_simulate)
-
-
-def run_simulate(args: argparse.Namespace) -> int:
-    known = [*policy_names(), TARGET_MIX]
-    if args.method is not None and args.method not in known:
-        raise SystemExit(f"trainer-node simulate: --method {args.method!r} is unknown; choose one of: {', '.join(known)}")
-
-    run_simulation(
-        SimulateOptions(
-            method=args.method, testbed=args.testbed, seed=args.seed, steps=args.steps, out=args.out,
-            no_dp=args.no_dp, config=args.config, epsilon=args.epsilon, progress=not args.no_progress,
-        )
-    )
-    return 0
-
+from lab.simulate_cli import add_simulate
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "simulate": add_simulate,

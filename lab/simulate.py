@@ -1,19 +1,16 @@
 """`trainer-node simulate`: the whole two-party system on one machine.
 
 1. build (or load from cache) the tiny policy from SOURCE data only;
-2. an owner setup (config, fresh mTLS PKI, the testbed's target splits) is written by the
-   owner's own scaffold, and `target-owner-node serve` runs as a separate process on a free
-   loopback port (lab/owner_process.py). Only that process serves the target data;
-3. the trainer's one run loop (trainer_node/loop.py) trains with the chosen data policy (L2RR
-   by default). Policies that learn from the target get an OwnerFeedback context: lookahead
-   candidates are uploaded and evaluated by the owner in one DP release per query, paced so
-   the budget lasts the run;
-4. the owner measures target TEST accuracy before, during and after (an owner-enabled split
-   that is never used for learning), and the run directory gets metrics, plots and
-   summary.json.
+2. the owner's own init writes an owner setup (config, fresh mTLS PKI, the testbed's
+   target splits); `target-owner-node serve` runs as a separate process on a free loopback
+   port. Only that process reads the target data;
+3. GRPO trains with the chosen data policy (L2RR by default). Policies that learn from the
+   target get an OwnerFeedback context: lookahead candidates are uploaded and evaluated by
+   the owner in one DP release per query, paced so the budget lasts the run;
+4. the owner measures target TEST accuracy before and after (an owner-enabled split that
+   is never used for learning), and the run directory gets metrics, plots and summary.json.
 
-Simulation-only diagnostics: the oracle policy (lab/policies/oracle.py) and target_mix (uniform
-GRPO whose pool also holds the owner's feedback split).
+Steps 3-4 are the trainer's one run loop (trainer_node/loop.py) with the lab's hooks.
 """
 
 from __future__ import annotations
@@ -22,16 +19,15 @@ import json
 import logging
 import shutil
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.configs import simulate_defaults_path
+from lab.configs import read_run_config, simulate_defaults_path
 from lab.evaluation import OwnerTestEvaluation, domain_accuracy
 from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner
 from lab.policies import fill_simulation_options
-from trainer_node.config import ConfigError, TrainConfig, parse_config
+from trainer_node.config import TrainConfig, parse_config
 from trainer_node.feedback.client import TargetFeedbackClient
 from trainer_node.feedback.hook import OwnerFeedbackHook
 from trainer_node.feedback.selection import CheckpointSelector
@@ -46,22 +42,22 @@ SUMMARY_KEYS = (
     "rollouts", "epsilon_spent", "epsilon_budget", "wall_seconds",
 )
 
+# The simulated owner's total privacy budget (a fresh real owner's default is lower). With
+# ~270 held-out rows, q = 0.5 and 150 planned single-candidate releases at epsilon 8, each
+# released accuracy has noise std ~0.03.
 SIMULATION_EPSILON = 8.0
-"""The simulated owner's total privacy budget (a fresh real owner's default is lower: see
-target_owner_node's init). With ~270 held-out rows, q = 0.5 and 150 planned single-candidate
-releases at epsilon 8, each released accuracy has noise std ~0.03."""
 
 
 @dataclass(frozen=True)
 class SimulateOptions:
-    method: str | None = None          # a registered data policy or TARGET_MIX; default from the config (l2rr)
+    method: str | None = None          # a registered data policy; default from the config (l2rr)
     testbed: str | None = None
     seed: int | None = None
     steps: int | None = None
     out: Path | None = None
     no_dp: bool = False
-    config: Path | None = None         # a TOML used instead of the embedded defaults
-    # The owner's privacy settings.
+    config: Path | None = None         # a TOML overriding the embedded defaults
+    # The owner's privacy settings (SIMULATION_EPSILON says why 8).
     epsilon: float = SIMULATION_EPSILON
     sample_rate: float = 0.5
     planned_releases: int = 150
@@ -99,31 +95,8 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
     if opts.out is not None:
         overrides["run.out_dir"] = str(opts.out)
     path = opts.config or default_config_path()
-    raw = _with_overrides(_read_toml(path), overrides)
+    raw = read_run_config(path, overrides)
     return parse_config(fill_simulation_options(raw), source=str(path))
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
-
-
-def _with_overrides(raw: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `raw` with {"run.steps": 5}-style values set (parse_config's override form)."""
-    out = json.loads(json.dumps(raw, default=str))  # a deep copy, as parse_config makes
-    for key, value in dotted.items():
-        *sections, leaf = key.split(".")
-        node = out
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"cannot override {key!r}: {section!r} is not a section")
-        node[leaf] = value
-    return out
 
 
 class Simulation:

@@ -49,8 +49,9 @@ def make_examples(n: int, prefix: str):
 
 
 def big_checkpoint(tiny: Path, out: Path, size_mb: int) -> Path:
-    """The tiny policy's config and tokenizer beside ~size_mb of random float32 tensors."""
-    from safetensors.numpy import save_file
+    """The tiny policy (config, tokenizer, weights: upload validation reads its embedding) with
+    ~size_mb of random float32 tensors added to its weights file. Only uploaded, never loaded."""
+    from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -59,9 +60,10 @@ def big_checkpoint(tiny: Path, out: Path, size_mb: int) -> Path:
     rng = np.random.default_rng(0)
     per_tensor = 4 << 20  # 4 MiB tensors
     tensors = {
-        f"layer.{i}.weight": rng.standard_normal(per_tensor // 4, dtype=np.float32)
+        f"filler.{i}.weight": rng.standard_normal(per_tensor // 4, dtype=np.float32)
         for i in range(max(1, (size_mb << 20) // per_tensor))
     }
+    tensors.update(load_file(str(tiny / "model.safetensors")))
     save_file(tensors, str(out / "model.safetensors"))
     return out
 

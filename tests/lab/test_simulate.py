@@ -203,3 +203,27 @@ def test_unknown_simulate_method_names_the_choices(capsys):
         main(["simulate", "--method", "nope"])
     assert exit_info.value.code != 0
     assert "target_mix" in str(exit_info.value.code) and "uniform" in str(exit_info.value.code)
+
+
+def test_train_with_a_remote_owner_gets_its_final_release(small_owner, tmp_path):
+    """`train`'s [feedback] path through the same loop and wiring simulate uses: a uniform run
+    asks the owner only for the final release, which is logged and summarised."""
+    run_dir = tmp_path / "run"
+    with OwnerProcess(small_owner) as owner:
+        settings = owner.client_settings()
+        config = _tiny_sim_config(tmp_path, run_dir, "uniform", f"""
+[feedback]
+target = "{settings.target}"
+ca_cert = "{settings.ca_cert}"
+client_cert = "{settings.client_cert}"
+client_key = "{settings.client_key}"
+server_name = "localhost"
+""", steps=2)
+        assert main(["train", "--config", str(config), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["feedback_queries"] == 1 and summary["feedback_failures"] == 0
+    assert 0.0 <= summary["target_feedback_accuracy"] <= 1.0 and summary["epsilon_spent"] > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records if r["kind"] == "eval"] == ["target_feedback"]  # eval_size = 0
+    assert all(r["feedback_queries"] == 0 for r in records if r["kind"] == "train")
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()
