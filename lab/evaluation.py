@@ -15,8 +15,7 @@ from typing import Any
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
-from trainer_node.feedback.client import TargetFeedbackClient
-from trainer_node.feedback.context import OwnerFeedback
+from trainer_node.feedback.context import OwnerClient, OwnerFeedback
 from trainer_node.training import TrainingSetup
 
 TEST_SEED = 20261130  # one decoding seed for every test-split evaluation by the owner
@@ -24,7 +23,7 @@ TEST_SEED = 20261130  # one decoding seed for every test-split evaluation by the
 
 @dataclass
 class OwnerTestEvaluation:
-    client: TargetFeedbackClient
+    client: OwnerClient
     feedback: OwnerFeedback
     """Uploads the live model (its checkpoint travels as any candidate does)."""
     max_new_tokens: int

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from trainer_node.policies.base import (
     policy_class,
 )
 from trainer_node.run_output import RunOutput
+
+if TYPE_CHECKING:
+    from trainer_node.feedback.context import OwnerClient, OwnerFeedback
 
 log = logging.getLogger("trainer_node.training")
 
@@ -231,7 +234,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     return output.close(extra=extra)
 
 
-def connect_feedback(setup: TrainingSetup, client: Any, run_dir: Path):
+def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -> OwnerFeedback:
     """An OwnerFeedback over `client` (trainer_node/feedback/context.py's one wiring), handed to
     the policy when it learns from the target; `train` and the lab both call this.
 

@@ -15,14 +15,31 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from rlvr_core.models.loading import save_policy
-from trainer_node.feedback.client import BudgetExhausted, FeedbackError, TargetFeedbackClient
+from trainer_node.feedback.client import BudgetExhausted, FeedbackError
 from trainer_node.feedback.pacing import BudgetPacer
 
 log = logging.getLogger("trainer_node.feedback")
+
+
+class OwnerClient(Protocol):
+    """What the feedback pieces ask of a transport to the owner. TargetFeedbackClient (gRPC +
+    mTLS) is one; another transport (e.g. Flower) plugs in under the same five calls, raising
+    trainer_node.feedback.client's FeedbackError / BudgetExhausted as that client does."""
+
+    def info(self) -> pb.GetInfoResponse: ...
+
+    def budget(self) -> pb.GetBudgetResponse: ...
+
+    def upload(self, model_dir: Path) -> str: ...
+
+    def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
+                 split: int = pb.SPLIT_FEEDBACK) -> pb.EvaluateResponse: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -41,7 +58,7 @@ class OwnerFeedback:
 
     def __init__(
         self,
-        client: TargetFeedbackClient,
+        client: OwnerClient,
         trainer: Any,  # GRPOTrainer: .model, .tokenizer, .lookahead_state_dicts(), .current_state_dict()
         pacer: BudgetPacer,
         decoding: pb.DecodingSettings,
@@ -156,7 +173,7 @@ class FeedbackSettings:
 
 
 def connect_owner_feedback(
-    client: TargetFeedbackClient, trainer: Any, settings: FeedbackSettings, workdir: Path
+    client: OwnerClient, trainer: Any, settings: FeedbackSettings, workdir: Path
 ) -> OwnerFeedback:
     """The one wiring of OwnerFeedback, its BudgetPacer and its decoding, for any client.
 
