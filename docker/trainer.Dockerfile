@@ -5,8 +5,11 @@
 #   docker run --gpus all -v ./trainer:/srv/trainer trainer:gpu train --config /srv/trainer/train.toml
 #
 # The trainer's client certificate, key and the OWNER's CA certificate are mounted at run
-# time (/srv/trainer/tls, read-only); nothing secret is in the image. The whole project is
-# installed so that `trainer-node simulate` can also run a local owner for rehearsals.
+# time (/srv/trainer/tls, read-only); nothing secret is in the image. Only the trainer's
+# packages are installed (protocol, rlvr_core, trainer_node): neither the target owner's code
+# nor the lab (simulate, bench) is in the image, and the build context excludes both
+# (trainer.Dockerfile.dockerignore). `trainer-node simulate` and `bench` say so and what to
+# install; rehearse them from a checkout of the whole project.
 
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
@@ -23,7 +26,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY rlvr_core ./rlvr_core
-COPY target_owner_node ./target_owner_node
 COPY trainer_node ./trainer_node
 # Extras: gpu (vLLM and the CUDA torch it pins) and parquet. Checked against pyproject.toml
 # by tests/deploy/test_images.py.

@@ -7,8 +7,11 @@ greedy accuracy on the testbed's TARGET TEST split before and after training.
 
 The tiny policy is built (and cached under model.cache_dir) from the source split: tokenizer
 texts = source prompts + answers, SFT pairs = rendered source prompt -> " answer". Training
-never sees target data; the test split is only read here, by local_accuracy, to report the
-effect. Writes <out>/bench.json next to the usual run outputs (metrics.jsonl, plots).
+never sees target data; the test split is only read here, by the lab's LocalTestEvaluation,
+to report the effect. Writes <out>/bench.json next to the usual run outputs (metrics.jsonl,
+plots). Thin glue: the run loop is the trainer's (trainer_node/loop.py), the evaluation
+the lab's (lab/evaluation.py); with an owner process, `trainer-node simulate --method uniform`
+measures the same thing through the owner.
 """
 
 from __future__ import annotations
@@ -19,12 +22,29 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.evaluation import LocalTestEvaluation, domain_accuracy
 from trainer_node.config import load_config
-from trainer_node.evaluation import local_accuracy
+from trainer_node.loop import Schedule, run_loop
 from trainer_node.run_output import RunOutput
 from trainer_node.training import build_training
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "trainer_node" / "configs" / "train_default.toml"
+
+
+class TimedEvaluation:
+    """An EvaluationHook that records how long each evaluation took."""
+
+    def __init__(self, inner: LocalTestEvaluation):
+        self.inner = inner
+        self.seconds: list[float] = []
+
+    def evaluate(self, label: str) -> dict:
+        started = time.perf_counter()
+        record = self.inner.evaluate(label)
+        self.seconds.append(time.perf_counter() - started)
+        return record
 
 
 def parse_value(text: str):
@@ -62,24 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     setup = build_training(config)
     build_seconds = time.perf_counter() - started
     trainer, test = setup.trainer, setup.data.test
-    max_new = config.rollout.max_new_tokens
     output = RunOutput(args.out, config.run.steps, progress=True)
-
-    def score_test() -> float:
-        result = local_accuracy(setup.engine, test, setup.template, max_new, seed=0)
-        output.log_eval({"name": "target_test", "step": trainer.step_index,
-                         "rollouts_cumulative": trainer.rollouts_cumulative, "accuracy": result["accuracy"],
-                         **{f"accuracy/{d}": v for d, v in result["per_domain"].items()}})
-        return result
-
-    before = score_test()
-    train_started = time.perf_counter()
-    while trainer.step_index < config.run.steps:
-        output.log_step(trainer.train_step())
-        if args.eval_every and trainer.step_index % args.eval_every == 0 and trainer.step_index < config.run.steps:
-            score_test()
-    train_seconds = time.perf_counter() - train_started
-    after = score_test()
+    evaluation = TimedEvaluation(LocalTestEvaluation(setup, seed=0))
+    loop_started = time.perf_counter()
+    result = run_loop(trainer, output, Schedule(steps=config.run.steps, eval_every=args.eval_every), evaluation)
+    # GRPO time as before: the loop without the initial and final scoring (periodic ones count).
+    train_seconds = time.perf_counter() - loop_started - evaluation.seconds[0] - evaluation.seconds[-1]
+    before, after = result.initial, result.final
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "testbed": config.data.testbed,
@@ -90,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         "test_accuracy_before": before["accuracy"],
         "test_accuracy_after": after["accuracy"],
         "delta_points": 100 * (after["accuracy"] - before["accuracy"]),
-        "per_domain_before": before["per_domain"],
-        "per_domain_after": after["per_domain"],
+        "per_domain_before": domain_accuracy(before),
+        "per_domain_after": domain_accuracy(after),
         "setup_seconds": round(build_seconds, 1),
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - started, 1),

@@ -4,7 +4,8 @@
 
 Prints, per method: final target test accuracy (mean ± sd over seeds), rollouts, RO ratio
 (control rollouts / method rollouts), epsilon spent, and the paired difference against the
-control over matched seeds with 95% paired-t and bootstrap intervals (trainer_node/bench/stats).
+control over matched seeds with 95% paired-t and bootstrap intervals (lab/bench/stats.py).
+For a bench's own layout, `trainer-node bench --report-only` writes the full report instead.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from trainer_node.bench.stats import bootstrap_interval, mean_sd, paired_differences, ro_ratio, t_interval
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.bench.stats import bootstrap_interval, mean_sd, paired_differences, ro_ratio, t_interval
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path)
     parser.add_argument("--control", default="uniform")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs: dict[str, dict[int, dict]] = defaultdict(dict)
     for path in sorted(args.runs.glob("*/summary.json")):
         match = re.fullmatch(r"(.+)-seed(\d+)", path.parent.name)

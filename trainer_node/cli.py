@@ -3,14 +3,21 @@
 Each subcommand is ONE function `add_<name>(subparsers)` that declares its parser and sets
 `run=<callable(args) -> exit code>`; COMMANDS lists them. To add a subcommand, write its
 add_ function (here or in its own module) and append it to COMMANDS.
+
+`simulate` and `bench` belong to the lab (lab/cli.py), which stands apart from the trainer:
+this module loads it with importlib only when one of them runs, and hands it the command
+line. Without the lab or the owner package (the trainer image) they fail with a message
+saying what to install; every other command works.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from trainer_node.config import ConfigError, load_config
@@ -59,10 +66,48 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-from trainer_node.bench import add_bench_parser
-from trainer_node.simulate_cli import add_simulate
+LAB_COMMANDS = {
+    "simulate": "the full system on one machine: L2RR + a local target-owner process (the lab)",
+    "bench": "compare data policies over matched seeds: paired CIs, RO ratios, the paper's tables (the lab)",
+}
+LAB_PACKAGES = ("lab", "target_owner_node")
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_train, add_simulate, add_bench_parser]
+
+class LabUnavailable(RuntimeError):
+    """A lab command in an install without the lab or the owner package."""
+
+
+def add_lab_command(name: str) -> Callable[[argparse._SubParsersAction], None]:
+    """A placeholder parser: its arguments (and --help) are the lab's, parsed once it is loaded."""
+
+    def add(subparsers: argparse._SubParsersAction) -> None:
+        parser = subparsers.add_parser(name, help=LAB_COMMANDS[name], add_help=False)
+        parser.set_defaults(run=partial(run_lab_command, name), lab_command=name)
+
+    return add
+
+
+def load_lab_cli(command: str):
+    try:
+        return importlib.import_module("lab.cli")
+    except ImportError as error:
+        missing = (error.name or "").split(".")[0]
+        if missing not in LAB_PACKAGES:
+            raise
+        raise LabUnavailable(
+            f"`trainer-node {command}` is part of the lab, which needs the `lab` and `target_owner_node` "
+            f"packages; this install lacks `{missing}` (a trainer-only install, e.g. the trainer image). "
+            "Install the whole project from a checkout of its repository: pip install -e ."
+        ) from None
+
+
+def run_lab_command(name: str, args: argparse.Namespace) -> int:
+    return int(load_lab_cli(name).main([name, *args.lab_argv]))
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_train, *(add_lab_command(name) for name in LAB_COMMANDS),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "lab_command", None) is None and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.lab_argv = rest
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "run", None) is None:
         parser.print_help()
@@ -97,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from trainer_node.grpo.checkpoint import CheckpointError
-    from trainer_node.owner_process import OwnerProcessError
 
-    return (ConfigError, CheckpointError, OwnerProcessError)
+    return (ConfigError, CheckpointError, LabUnavailable)
 
 
 if __name__ == "__main__":

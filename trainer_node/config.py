@@ -308,6 +308,15 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[key] = value
 
 
+def with_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """A deep copy of `raw` with dotted overrides such as {'run.steps': 5} set (None values skipped)."""
+    raw = json.loads(json.dumps(raw, default=str))  # TOML values are JSON-able
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(raw, dotted, value)
+    return raw
+
+
 def parse_config(
     raw: dict[str, Any],
     overrides: dict[str, Any] | None = None,
@@ -317,10 +326,7 @@ def parse_config(
     """Validate a raw dict (as read from TOML) plus dotted overrides such as {'run.steps': 5}.
 
     Relative input paths resolve against `base_dir` (the config file's folder; None: as given)."""
-    raw = json.loads(json.dumps(raw, default=str))  # deep copy; TOML values are JSON-able
-    for dotted, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(raw, dotted, value)
+    raw = with_overrides(raw, overrides)
     return validate(TrainConfig, raw, source=source or "(dict)", reference=REFERENCE, base_dir=base_dir)
 
 

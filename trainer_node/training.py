@@ -1,18 +1,19 @@
 """Assemble a GRPO run from a TrainConfig and drive it: the `train` subcommand's body.
 
 `build_training` wires testbed -> source pool -> model -> engine -> policy -> trainer and is
-reusable (simulate/bench add a FeedbackContext via `feedback=`). `run_training` is the loop:
-eval at start, steps with periodic eval/checkpoints, final eval + checkpoint, summary.
+reusable (the lab builds its simulated runs with it). `connect_feedback` hands the run an
+owner's feedback. `run_training` drives the one run loop (trainer_node/loop.py) with the
+source-slice evaluation and, when [feedback] names an owner, the owner's feedback hook.
 `train` never touches target data: the testbed's feedback and test splits are not used here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,10 +21,14 @@ import torch
 from rlvr_core.tasks.example import Example
 from trainer_node.config import ConfigError, ModelConfig, TrainConfig
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
-from trainer_node.grpo.checkpoint import checkpoint_name, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
-from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy
+from trainer_node.loop import Schedule, run_loop
+from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy, policy_class
 from trainer_node.run_output import RunOutput
+
+if TYPE_CHECKING:
+    from trainer_node.feedback.context import OwnerClient, OwnerFeedback
 
 log = logging.getLogger("trainer_node.training")
 
@@ -84,7 +89,11 @@ def build_training(
     feedback: FeedbackContext | None = None,
     on_step_end: StepCallback | None = None,
     reward_fn: Callable[[str, Example], float] | None = None,
+    extend_pool: Callable[[Any], Sequence[Example]] | None = None,
 ) -> TrainingSetup:
+    """`extend_pool(testbed_data)` returns examples to add to the RL pool (after the tiny
+    policy's warm-up data is chosen): the lab's target-mix diagnostic, the one caller that may
+    train on target data. `train` has none, so `data.train_on_feedback_split` is refused."""
     from rlvr_core.engines.base import SamplingParams
     from rlvr_core.engines.registry import build_engine
     from rlvr_core.models.loading import load_policy
@@ -105,8 +114,10 @@ def build_training(
     pool_examples, eval_examples = split_source(tuple(data.source), config.data.eval_size, int(testbed.seed))
     # The tiny policy's warm-up: the testbed's warm-up split when it has one, else the RL pool.
     model_dir = resolve_model_dir(config.model, data.warmup or pool_examples, template)
-    if config.data.train_on_feedback_split:  # the target-mix diagnostic (simulate only)
-        pool_examples = pool_examples + tuple(data.feedback)
+    if config.data.train_on_feedback_split and extend_pool is None:
+        raise ConfigError(_TARGET_MIX_REFUSED)
+    if extend_pool is not None:
+        pool_examples = pool_examples + tuple(extend_pool(data))
     pool = SourcePool(examples=pool_examples, clusters=tuple(cluster_of(e) for e in pool_examples))
 
     dtype = getattr(torch, config.model.dtype)
@@ -150,86 +161,88 @@ def evaluate_source(setup: TrainingSetup) -> dict[str, float] | None:
     return flatten_accuracy(result)
 
 
-def run_training(config: TrainConfig, *, resume: Path | None = None, progress: bool = True) -> dict[str, Any]:
-    """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
+@dataclass
+class SourceEvaluation:
+    """`train`'s EvaluationHook (trainer_node/loop.py): the held-out source slice."""
+
+    setup: TrainingSetup
+
+    def evaluate(self, label: str) -> dict[str, Any] | None:
+        accuracy = evaluate_source(self.setup)
+        return None if accuracy is None else {"name": "source_eval", **accuracy}
+
+
+_TARGET_MIX_REFUSED = (
+    "data.train_on_feedback_split: a simulation-only diagnostic; `train` never reads target data. "
+    "Use `trainer-node simulate --method target_mix`, or set it to false"
+)
+
+
+def check_trainable(config: TrainConfig) -> None:
+    """Refuse what only the lab may run: it needs knowledge of the target a trainer lacks."""
     if config.data.train_on_feedback_split:
-        raise ConfigError("data.train_on_feedback_split: a simulation-only diagnostic; `train` never reads "
-                          "target data. Use `trainer-node simulate --method target_mix`, or set it to false")
+        raise ConfigError(_TARGET_MIX_REFUSED)
     if config.selection.every:
         raise ConfigError("selection.every: checkpoint selection by target feedback runs in `simulate` "
                           "(and `bench`); set it to 0 for `train`")
+    if policy_class(config.policy.name).simulation_only:
+        raise ConfigError(f"policy.name: {config.policy.name!r} is a simulation-only diagnostic (it needs what "
+                          "only a simulation knows of the target); `train` cannot run it. Use "
+                          f"`trainer-node simulate --method {config.policy.name}`, or choose another policy")
+
+
+def run_training(config: TrainConfig, *, resume: Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
+    from trainer_node.feedback.client import TargetFeedbackClient
+    from trainer_node.feedback.hook import OwnerFeedbackHook
+
+    check_trainable(config)
     setup = build_training(config)
     trainer = setup.trainer
     run_dir = Path(config.run.out_dir)
-    feedback = connect_feedback(setup, run_dir) if config.feedback is not None else None
+    feedback = hook = None
+    if config.feedback is not None:
+        feedback = connect_feedback(setup, TargetFeedbackClient(config.feedback.client_settings()), run_dir)
+        hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     config.save_resolved(run_dir)
     if resume is not None:
         checkpoint = latest_checkpoint(resume)
         load_checkpoint(trainer, checkpoint)
         log.info("resumed from %s at step %d", checkpoint, trainer.step_index)
-    steps = config.run.steps
-    output = RunOutput(run_dir, steps, start_step=trainer.step_index, progress=progress)
-
-    def log_eval() -> None:
-        accuracy = evaluate_source(setup)
-        if accuracy is not None:
-            output.log_eval({"name": "source_eval", "step": trainer.step_index,
-                             "rollouts_cumulative": trainer.rollouts_cumulative, **accuracy})
-
-    if trainer.step_index == 0:
-        log_eval()
-    while trainer.step_index < steps:
-        output.log_step(trainer.train_step())
-        done = trainer.step_index
-        if done < steps and config.run.eval_every and done % config.run.eval_every == 0:
-            log_eval()
-        if done < steps and config.run.save_every and done % config.run.save_every == 0:
-            save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(done))
-    log_eval()
-    final = save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(trainer.step_index))
-    extra = {"final_checkpoint": str(final), "model_dir": str(setup.model_dir)}
-    if feedback is not None:
-        if config.feedback.final_release:
-            final_target = feedback.release_current(trainer.step_index)
-            if final_target is not None:
-                output.log_eval({"name": "target_feedback", "step": trainer.step_index,
-                                 "rollouts_cumulative": trainer.rollouts_cumulative, "accuracy": final_target})
-                extra["target_feedback_accuracy"] = final_target
-        extra.update(feedback_queries=feedback.stats.queries, feedback_failures=feedback.stats.failures,
-                     epsilon_spent=feedback.stats.epsilon_spent)
-        feedback.client.close()
+    output = RunOutput(run_dir, config.run.steps, start_step=trainer.step_index, progress=progress)
+    schedule = Schedule(steps=config.run.steps, eval_every=config.run.eval_every,
+                        save_every=config.run.save_every, checkpoint_dir=run_dir / "checkpoints")
+    try:
+        result = run_loop(trainer, output, schedule, SourceEvaluation(setup), hook)
+    finally:
+        if feedback is not None:
+            feedback.client.close()
+    extra = {"final_checkpoint": str(result.final_checkpoint), "model_dir": str(setup.model_dir),
+             **result.feedback.summary}
     return output.close(extra=extra)
 
 
-def connect_feedback(setup: TrainingSetup, run_dir: Path):
-    """Connect to the configured target owner and hand the policy an OwnerFeedback context.
+def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -> OwnerFeedback:
+    """An OwnerFeedback over `client` (trainer_node/feedback/context.py's one wiring), handed to
+    the policy when it learns from the target; `train` and the lab both call this.
 
-    Policies that do not learn from the target ignore it. An unreachable owner is not fatal:
-    training goes on with the policy's last state, and the log says so.
+    Decoding and pacing come from [feedback] when present (else greedy, one sample, every
+    step), one release is kept back for checkpoint selection when [selection] is on. An
+    unreachable owner is not fatal: training goes on with the policy's last state.
     """
-    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
-    from trainer_node.feedback.client import FeedbackError, TargetFeedbackClient
-    from trainer_node.feedback.context import OwnerFeedback
-    from trainer_node.feedback.pacing import BudgetPacer
+    from trainer_node.feedback.context import FeedbackSettings, connect_owner_feedback
 
     cfg = setup.config
     fb = cfg.feedback
-    client = TargetFeedbackClient(fb.client_settings())
-    try:
-        dp_enabled = client.info().privacy.enabled
-    except FeedbackError as error:
-        log.warning("target owner not reachable at start (%s); training goes on and retries later", error)
-        dp_enabled = True
-    feedback = OwnerFeedback(
-        client,
-        setup.trainer,
-        BudgetPacer(total_steps=cfg.run.steps, min_interval=fb.min_interval, dp_enabled=dp_enabled),
-        pb.DecodingSettings(max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=fb.samples_per_prompt,
-                            temperature=fb.temperature, seed=cfg.run.seed),
-        run_dir / "checkpoints_sent",
+    settings = FeedbackSettings(
+        total_steps=cfg.run.steps, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.run.seed,
+        reserve_queries=1 if cfg.selection.every else 0,
+        **({"samples_per_prompt": fb.samples_per_prompt, "temperature": fb.temperature,
+            "min_interval": fb.min_interval} if fb is not None else {}),
     )
+    feedback = connect_owner_feedback(client, setup.trainer, settings, run_dir / "checkpoints_sent")
     if setup.policy.uses_target_feedback:
         setup.trainer.feedback = feedback
     else:
-        log.info("policy %r does not use target feedback; the owner is not queried", setup.policy.name)
+        log.info("policy %r does not learn from target feedback; its sampler ignores the owner", setup.policy.name)
     return feedback

@@ -113,7 +113,7 @@ def test_owner_images_have_a_grpc_health_check_and_no_trainer_code(name):
     assert checks and "target_owner_node.healthcheck" in checks[-1]
     assert "/srv/owner/config.toml" in checks[-1]
     assert any(k == "ENTRYPOINT" and "target-owner-node" in a for k, a in stage)
-    assert not any(k == "COPY" and "trainer_node" in a for k, a in instructions(name))
+    assert not any(k == "COPY" and re.search(r"\b(trainer_node|lab)\b", a) for k, a in instructions(name))
     assert any(k == "VOLUME" and "/srv/owner/storage" in a for k, a in stage)
 
 
@@ -121,6 +121,14 @@ def test_trainer_image_uses_cuda_and_vllm():
     steps = instructions("trainer.Dockerfile")
     assert any(k == "ARG" and a.startswith("CUDA_IMAGE=nvidia/cuda:") for k, a in steps)
     assert any(k == "ENTRYPOINT" and "trainer-node" in a for k, a in final_stage("trainer.Dockerfile"))
+
+
+def test_trainer_image_holds_neither_the_owner_nor_the_lab():
+    """The trainer's packages only; tests/test_import_rules.py checks that they train without the rest."""
+    copied = [a.split()[0] for k, a in instructions("trainer.Dockerfile") if k == "COPY" and "--from=" not in a]
+    assert copied == ["pyproject.toml", "protocol", "rlvr_core", "trainer_node"]
+    ignored = (DOCKER / "trainer.Dockerfile.dockerignore").read_text().split()
+    assert {"target_owner_node", "lab"} <= set(ignored), "the build context must not even hold them"
 
 
 def compose() -> dict:

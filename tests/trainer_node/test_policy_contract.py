@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+import lab.policies  # noqa: F401  the lab's simulation-only policies run through the same contract
 from tests.trainer_node.test_policy_fakes import CLUSTERS, FakeFeedback, FakeOracle, make_pool, run_step
 from trainer_node.policies.base import (
     POLICIES,

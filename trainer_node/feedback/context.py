@@ -4,7 +4,7 @@ It turns lookahead parameter sets into checkpoint directories, uploads them (onl
 files travel), asks for ONE multi-candidate release on the owner's secret subsample, and
 paces queries so the privacy budget lasts the run. When the owner is unreachable or the
 budget is spent it returns None: training goes on with the policy's last state, and the
-log says so.
+log says so. `connect_owner_feedback` is the one place an OwnerFeedback is built.
 """
 
 from __future__ import annotations
@@ -15,14 +15,31 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from rlvr_core.models.loading import save_policy
-from trainer_node.feedback.client import BudgetExhausted, FeedbackError, TargetFeedbackClient
+from trainer_node.feedback.client import BudgetExhausted, FeedbackError
 from trainer_node.feedback.pacing import BudgetPacer
 
 log = logging.getLogger("trainer_node.feedback")
+
+
+class OwnerClient(Protocol):
+    """What the feedback pieces ask of a transport to the owner. TargetFeedbackClient (gRPC +
+    mTLS) is one; another transport (e.g. Flower) plugs in under the same five calls, raising
+    trainer_node.feedback.client's FeedbackError / BudgetExhausted as that client does."""
+
+    def info(self) -> pb.GetInfoResponse: ...
+
+    def budget(self) -> pb.GetBudgetResponse: ...
+
+    def upload(self, model_dir: Path) -> str: ...
+
+    def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
+                 split: int = pb.SPLIT_FEEDBACK) -> pb.EvaluateResponse: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -41,7 +58,7 @@ class OwnerFeedback:
 
     def __init__(
         self,
-        client: TargetFeedbackClient,
+        client: OwnerClient,
         trainer: Any,  # GRPOTrainer: .model, .tokenizer, .lookahead_state_dicts(), .current_state_dict()
         pacer: BudgetPacer,
         decoding: pb.DecodingSettings,
@@ -134,3 +151,45 @@ class OwnerFeedback:
 
     def upload_current(self, label: str = "current") -> str:
         return self.upload_state(self.trainer.current_state_dict(), label)
+
+
+# --- wiring -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FeedbackSettings:
+    """How a run queries its owner: decoding of the owner's evaluations and budget pacing."""
+
+    total_steps: int
+    max_new_tokens: int
+    seed: int
+    """Decoding seed of the first query; each query adds its step (OwnerFeedback.release_checkpoints)."""
+    samples_per_prompt: int = 1
+    temperature: float = 0.0
+    """0 = greedy, the lowest-variance estimate of the owner's accuracy."""
+    min_interval: int = 1
+    """Never query more often than every this many steps."""
+    reserve_queries: int = 0
+    """Releases the pacer keeps back from the sampler (1 for checkpoint selection)."""
+
+
+def connect_owner_feedback(
+    client: OwnerClient, trainer: Any, settings: FeedbackSettings, workdir: Path
+) -> OwnerFeedback:
+    """The one wiring of OwnerFeedback, its BudgetPacer and its decoding, for any client.
+
+    `train` (a remote owner) and the lab (a local owner process) both build theirs here. An
+    owner that does not answer at start is not fatal: the pacer assumes DP is on (the
+    conservative choice) and the queries retry later.
+    """
+    try:
+        dp_enabled = client.info().privacy.enabled
+    except FeedbackError as error:
+        log.warning("target owner not reachable at start (%s); training goes on and retries later", error)
+        dp_enabled = True
+    pacer = BudgetPacer(total_steps=settings.total_steps, min_interval=settings.min_interval,
+                        dp_enabled=dp_enabled, reserve_queries=settings.reserve_queries)
+    decoding = pb.DecodingSettings(max_new_tokens=settings.max_new_tokens,
+                                   samples_per_prompt=settings.samples_per_prompt,
+                                   temperature=settings.temperature, seed=settings.seed)
+    return OwnerFeedback(client, trainer, pacer, decoding, workdir)
+

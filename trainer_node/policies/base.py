@@ -200,6 +200,11 @@ def policy_names() -> list[str]:
     return POLICIES.names()
 
 
+def policy_class(name: str) -> type[DataPolicy]:
+    """The class registered as `name`, for its capabilities (uses_target_feedback, simulation_only)."""
+    return POLICIES.get(name)
+
+
 def policy_options_model(name: str) -> type[PolicyOptions]:
     """The options model registered with policy `name` (PolicyOptions for a plug-in without one)."""
     model = POLICIES.options_model(name) or PolicyOptions

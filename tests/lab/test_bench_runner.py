@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer_node.bench import add_bench_parser, runner
-from trainer_node.bench.spec import parse_spec, plan_runs
+from lab.bench import add_bench_parser, runner
+from lab.bench.spec import parse_spec, plan_runs
 
 FAKE = Path(__file__).with_name("test_bench_fake_simulate.py")
 

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer_node.bench import stats
+from lab.bench import stats
 
 
 def test_paired_t_interval_matches_the_hand_computed_case():

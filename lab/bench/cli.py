@@ -1,4 +1,4 @@
-"""`trainer-node bench`: plan, run, resume and report a benchmark (see trainer_node.bench)."""
+"""`trainer-node bench`: plan, run, resume and report a benchmark (see lab.bench)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer_node.bench.spec import BenchSpec
+    from lab.bench.spec import BenchSpec
 
 DEFAULT_OUT_ROOT = Path("bench_runs")
 
@@ -31,13 +31,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "  trainer-node bench --spec my.toml --dry-run        # the plan, nothing run\n"
             "  trainer-node bench --profile full --list-runs > runs.txt   # for GNU parallel / Slurm / Ray\n"
             "  trainer-node bench --profile full --report-only    # gather records, write the report\n"
-            "spec reference: trainer_node/bench/profiles/full.toml"
+            "spec reference: lab/bench/profiles/full.toml"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", type=Path, help="a bench spec TOML")
-    source.add_argument("--profile", metavar="quick|full", help="a built-in spec (trainer_node/bench/profiles/)")
+    source.add_argument("--profile", metavar="quick|full", help="a built-in spec (lab/bench/profiles/)")
     parser.add_argument("--out", type=Path, help="output directory (default: bench_runs/<spec name>)")
     parser.add_argument("--workers", type=int, help="concurrent runs (default: spec.workers or cpu_count // 2)")
     parser.add_argument("--timeout", type=float, help="seconds before one run is killed and recorded as failed")
@@ -56,8 +56,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Exit code: 0 when every planned run has results, 1 when some failed or are missing."""
-    from trainer_node.bench import runner
-    from trainer_node.bench.spec import BenchSpecError, load_profile, load_spec, plan_runs
+    from lab.bench import runner
+    from lab.bench.spec import BenchSpecError, load_profile, load_spec, plan_runs
 
     spec = load_spec(args.spec) if args.spec else load_profile(args.profile)
     out = args.out or DEFAULT_OUT_ROOT / spec.name
@@ -105,9 +105,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def write_outputs(spec: BenchSpec, records: list[dict[str, Any]], out: Path, report_dir: Path | None = None) -> Path:
     """results.json, the figures and report.md (in report_dir, default out), all from the records."""
-    from trainer_node.bench.plots import write_plots
-    from trainer_node.bench.report import write_report
-    from trainer_node.bench.results import compute_results, json_safe
+    from lab.bench.plots import write_plots
+    from lab.bench.report import write_report
+    from lab.bench.results import compute_results, json_safe
 
     out = Path(out)
     dest = Path(report_dir) if report_dir is not None else out

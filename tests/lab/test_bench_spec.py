@@ -2,8 +2,8 @@ import tomllib
 
 import pytest
 
-from trainer_node.bench import tomlwrite
-from trainer_node.bench.spec import BenchSpecError, load_profile, load_spec, parse_spec, plan_runs
+from lab.bench import tomlwrite
+from lab.bench.spec import BenchSpecError, load_profile, load_spec, parse_spec, plan_runs
 
 BASE = {"seeds": [0, 1], "steps": 4, "methods": [{"label": "uniform", "policy": "uniform"},
                                                   {"label": "l2rr", "policy": "l2rr"}]}
@@ -58,7 +58,7 @@ def test_a_policy_option_typo_fails_when_the_spec_loads_naming_method_and_option
 
 
 def test_plan_time_validation_catches_a_policy_option_typo():
-    from trainer_node.bench.spec import BenchSpec, MethodSpec
+    from lab.bench.spec import BenchSpec, MethodSpec
 
     # Built without validation (as a spec edited after loading could be): planning still refuses it.
     typo = MethodSpec.model_construct(label="l2rr", policy="l2rr", options={"lamda_waste": 0.5}, config={},

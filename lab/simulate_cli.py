@@ -1,16 +1,20 @@
-"""`trainer-node simulate`: argument parsing for trainer_node/simulate.py."""
+"""`trainer-node simulate`: argument parsing for lab/simulate.py."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from lab.simulate import SIMULATION_EPSILON, TARGET_MIX, SimulateOptions, run_simulation
+from trainer_node.policies.base import policy_names
+
 DESCRIPTION = """\
 Run the whole two-party system on this machine, on embedded defaults:
 
   1. build (or reuse from .cache/) the tiny policy from the testbed's SOURCE data;
-  2. `target-owner-node init` + `serve` as a separate process on a free loopback port,
-     with fresh mTLS certificates; only that process reads the target data;
+  2. an owner setup (the owner's own `init`, fresh mTLS certificates), then
+     `target-owner-node serve` as a separate process on a free loopback port;
+     only that process serves the target data;
   3. GRPO with the chosen data policy (L2RR by default), which learns from the owner's
      aggregate, differentially private held-out accuracy;
   4. a summary: target TEST accuracy before/after (measured by the owner process),
@@ -25,12 +29,12 @@ examples:
   trainer-node simulate --method uniform --seed 1         # a baseline, another seed
   trainer-node simulate --method dapo --steps 20 --out runs/dapo
   trainer-node simulate --no-dp                           # exact releases (no DP noise)
-  trainer-node simulate --config my.toml                  # override any key of the defaults
+  trainer-node simulate --config my.toml                  # your own config instead of the defaults
 methods: uniform, dapo, greso, ar3po, l2rr (trainer_node/policies/); diagnostics that only a
-  simulation can run: oracle (source domains in the target's composition) and target_mix
-  (uniform GRPO that also trains on the owner's feedback split)
+  simulation can run: oracle (lab/policies/: source domains in the target's composition) and
+  target_mix (uniform GRPO that also trains on the owner's feedback split)
 checkpoint selection by target feedback (any method): set [selection] every = K in --config
-defaults: trainer_node/configs/simulate_default.toml"""
+defaults: lab/configs/simulate_default.toml"""
 
 
 def add_simulate(subparsers: argparse._SubParsersAction) -> None:
@@ -44,18 +48,15 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")
     parser.add_argument("--out", type=Path, help="run directory (default runs/simulate)")
     parser.add_argument("--no-dp", action="store_true", help="the owner releases exact accuracy (no DP)")
-    parser.add_argument("--epsilon", type=float, default=None,
-                        help="the owner's total privacy budget "
-                             "(default: SIMULATION_EPSILON of trainer_node/simulate.py)")
-    parser.add_argument("--config", type=Path, help="TOML overriding the embedded defaults")
+    parser.add_argument("--epsilon", type=float, default=SIMULATION_EPSILON,
+                        help="the owner's total privacy budget (default %(default)s)")
+    parser.add_argument("--config", type=Path,
+                        help="a TOML run config used instead of the embedded defaults (flags still apply)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from trainer_node.policies.base import policy_names
-    from trainer_node.simulate import TARGET_MIX, SimulateOptions, run_simulation
-
     known = [*policy_names(), TARGET_MIX]
     if args.method is not None and args.method not in known:
         raise SystemExit(f"trainer-node simulate: --method {args.method!r} is unknown; choose one of: {', '.join(known)}")

@@ -1,9 +1,10 @@
-"""Run a target owner as a separate local process, for `simulate` and benchmarks.
+"""A local target owner for `simulate` and the bench: set up in-process, served as a child process.
 
-The trainer never imports target_owner_node: it runs the owner's own CLI
-(`target-owner-node init` then `target-owner-node serve`) as a child process, so only that
-process reads the target data, exactly as in a two-party deployment. The child is always
-terminated on exit (SIGTERM, then SIGKILL), so no stray processes are left behind.
+`init_owner` calls the owner's own scaffold (target_owner_node.scaffold.init_node) with typed
+values: config, fresh mTLS PKI, the testbed's target splits. The SERVER then runs as its own
+process (`target-owner-node serve`), so only that process serves the target data, exactly as
+in a two-party deployment. The child is always terminated on exit (SIGTERM, then SIGKILL), so
+no stray processes are left behind.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Self
 
 from trainer_node.feedback.client import ClientSettings
 
@@ -42,21 +44,31 @@ def _owner_cli(*args: str) -> list[str]:
 
 
 def init_owner(
-    directory: Path, testbed: str, dp: bool, extra_args: list[str] = (), test_split: bool = False
+    directory: Path,
+    testbed: str,
+    *,
+    dp: bool,
+    test_split: bool = False,
+    epsilon: float | None = None,
+    sample_rate: float | None = None,
+    planned_releases: int | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> None:
-    """`target-owner-node init DIR`: config, fresh mTLS PKI and the testbed's target splits.
+    """A complete owner folder (what `target-owner-node init DIR` writes), server name localhost.
 
     `test_split` serves SPLIT_TEST (exact accuracy, no privacy guarantee; off in what init
-    writes by default): the simulation's before/after measurements use it.
+    writes by default): the simulation's before/after measurements use it. A setting left
+    None takes the owner's own default (target_owner_node.scaffold.init_node).
     """
-    args = ["init", str(directory), "--testbed", testbed, "--server-name", "localhost", *extra_args]
-    if not dp:
-        args.append("--no-dp")
-    if test_split:
-        args.append("--enable-test-split")
-    result = subprocess.run(_owner_cli(*args), capture_output=True, text=True)
-    if result.returncode != 0:
-        raise OwnerProcessError(f"target-owner-node init failed:\n{result.stderr.strip() or result.stdout.strip()}")
+    from target_owner_node.scaffold import init_node
+
+    given = {"epsilon": epsilon, "sample_rate": sample_rate, "planned_releases": planned_releases,
+             "max_prompt_tokens": max_prompt_tokens}
+    try:
+        init_node(Path(directory), testbed=testbed, server_names=["localhost"], dp_enabled=dp,
+                  test_split_enabled=test_split, **{k: v for k, v in given.items() if v is not None})
+    except (FileExistsError, ValueError, KeyError) as error:
+        raise OwnerProcessError(f"target-owner setup in {directory} failed: {error}") from None
 
 
 class OwnerProcess:
@@ -69,7 +81,7 @@ class OwnerProcess:
         self.port: int | None = None
         self._stderr_tail: deque[str] = deque(maxlen=40)
 
-    def __enter__(self) -> OwnerProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -85,7 +97,7 @@ class OwnerProcess:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # our Ctrl-C does not hit it first; we stop it in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509  one prctl call, no locks: safe after fork
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout_s

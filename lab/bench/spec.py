@@ -33,9 +33,11 @@ from pydantic import (
     model_validator,
 )
 
+from lab.configs import simulate_defaults_path
+from lab.policies import fill_simulation_options
 from trainer_node.config import ConfigError, parse_config
 
-PROFILE_DIR = Path(str(resources.files("trainer_node.bench") / "profiles"))
+PROFILE_DIR = Path(str(resources.files("lab.bench") / "profiles"))
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # Keys the bench sets itself for every run; a spec may not override them through `config`.
 # (A policy's own options come from the method's `options`; `config` may set only the batch
@@ -58,7 +60,7 @@ class MethodSpec(_Strict):
     label: str
     """Unique name of the row; also a directory name (letters, digits, _ . + -)."""
     policy: str
-    """A registered data policy (trainer_node.policies): uniform, dapo, greso, ar3po, l2rr, oracle.
+    """A registered data policy (trainer_node.policies, lab.policies): uniform, dapo, greso, ar3po, l2rr, oracle.
     (The target-mix diagnostic is uniform with config = { data = { train_on_feedback_split = true } }.)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """The policy's options: they become fields of the simulate config's [policy] table, typed by
@@ -219,7 +221,7 @@ def parse_spec(raw: dict[str, Any], source: str = "(dict)") -> BenchSpec:
         for item in error.errors():
             message = item["msg"].removeprefix("Value error, ")
             if item["type"] == "extra_forbidden":
-                message = "unknown key; remove it or check the spelling (see trainer_node/bench/profiles/full.toml)"
+                message = "unknown key; remove it or check the spelling (see lab/bench/profiles/full.toml)"
             elif item["type"] == "missing":
                 message = "required; add it to the spec"
             # Whole-spec checks (control, duplicate labels) already start with the field name.
@@ -300,8 +302,7 @@ def testbed_key(testbed: str) -> str:
 
 def simulate_defaults() -> dict[str, Any]:
     """The packaged `trainer-node simulate` defaults, as a dict."""
-    path = resources.files("trainer_node") / "configs" / "simulate_default.toml"
-    return tomllib.loads(path.read_text())
+    return tomllib.loads(simulate_defaults_path().read_text())
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -322,10 +323,7 @@ def run_config(spec: BenchSpec, method: MethodSpec, testbed: str, seed: int) -> 
     # policy-specific keys of another table never leak in (replace, never merge).
     shared = {k: v for k, v in config.get("policy", {}).items() if k in _shared_policy_keys()}
     config["policy"] = {**shared, "name": method.policy, **json.loads(json.dumps(method.options))}
-    if method.policy == "oracle" and "domain_weights" not in method.options:
-        from trainer_node.policies.oracle import target_domain_weights  # as simulate fills them in
-
-        config["policy"]["domain_weights"] = target_domain_weights(testbed)
+    config = fill_simulation_options(config)  # as simulate does: the hash covers what the run uses
     config["run"].pop("out_dir", None)
     return config
 

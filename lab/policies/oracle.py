@@ -1,5 +1,8 @@
 """Oracle mix (diagnostic, simulation only): sample source domains in known target proportions.
 
+It lives in the lab, registered in the trainer's policy registry when the lab is imported
+(lab/policies/__init__.py), and is marked `simulation_only`, so `train` refuses it.
+
 The simulation knows the target set's domain composition and passes it as
 `domain_weights` (domain -> weight, keyed by Example.domain, normalised here). Each of the
 batch_size slots draws a domain from those weights (among domains with prompts left this
@@ -13,6 +16,7 @@ examples to the pool and runs "uniform".)
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Literal
 
@@ -103,3 +107,18 @@ class OraclePolicy(DataPolicy):
 
     def metrics(self) -> dict[str, float]:
         return dict(self._shares)
+
+
+def fill_target_weights(raw: dict[str, Any]) -> dict[str, Any]:
+    """A raw run config (as read from TOML) whose oracle policy gets the target's composition
+    as `domain_weights` when it has none; any other config comes back unchanged. The one place
+    a simulation fills them in (simulate and the bench's planning both call it)."""
+    from trainer_node.config import DataConfig
+
+    policy = raw.get("policy") or {}
+    if policy.get("name") != "oracle" or policy.get("domain_weights") is not None:
+        return raw
+    testbed = (raw.get("data") or {}).get("testbed", DataConfig().testbed)
+    filled = copy.deepcopy(raw)
+    filled["policy"]["domain_weights"] = target_domain_weights(testbed)
+    return filled

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer_node.bench import stats
-from trainer_node.bench.spec import BenchSpec, testbed_key
+from lab.bench import stats
+from lab.bench.spec import BenchSpec, testbed_key
 
 EVAL_NAME = "target_test"
 

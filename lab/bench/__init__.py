@@ -38,6 +38,6 @@ repository root (the tiny-policy cache path in the configs is relative), and let
 testbed finish first so the others reuse its cached tiny policy instead of each building one.
 """
 
-from trainer_node.bench.cli import add_bench_parser
+from lab.bench.cli import add_bench_parser
 
 __all__ = ["add_bench_parser"]

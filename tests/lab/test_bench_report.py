@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from tests.trainer_node.test_bench_runner import FakeSimulate
-from trainer_node.bench import runner
-from trainer_node.bench.cli import write_outputs
-from trainer_node.bench.spec import parse_spec, plan_runs
+from lab.bench import runner
+from lab.bench.cli import write_outputs
+from lab.bench.spec import parse_spec, plan_runs
+from tests.lab.test_bench_runner import FakeSimulate
 
 SPEC = {
     "name": "report-test", "seeds": [0, 1, 2], "steps": 6, "config": {"run": {"eval_every": 2}},

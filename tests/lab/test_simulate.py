@@ -6,16 +6,16 @@ import signal
 
 import pytest
 
+from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from lab.simulate import SUMMARY_KEYS
 from tests.trainer_node.grpo_helpers import make_model_dir
 from trainer_node.cli import main
-from trainer_node.owner_process import OwnerProcess, OwnerProcessError, init_owner
-from trainer_node.simulate import SUMMARY_KEYS
 
 
 @pytest.fixture(scope="module")
 def small_owner(tmp_path_factory):
     directory = tmp_path_factory.mktemp("owner") / "node"
-    init_owner(directory, "small", dp=True, extra_args=["--sample-rate", "1.0", "--planned-releases", "50"])
+    init_owner(directory, "small", dp=True, sample_rate=1.0, planned_releases=50)
     return directory
 
 
@@ -72,7 +72,7 @@ def test_owner_exits_when_its_trainer_parent_is_killed(small_owner, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from trainer_node.owner_process import OwnerProcess\n"
+        "from lab.owner_process import OwnerProcess\n"
         f"owner = OwnerProcess({str(small_owner)!r})\n"
         "owner.start()\n"
         "print(owner.proc.pid, flush=True)\n"
@@ -93,7 +93,7 @@ def test_owner_exits_when_its_trainer_parent_is_killed(small_owner, tmp_path):
     pytest.fail("the owner process outlived its killed parent")
 
 
-def _tiny_sim_config(tmp_path, run_dir, policy, extra="", steps=4, eval_every=0):
+def _tiny_sim_config(tmp_path, run_dir, policy, extra="", steps=4, eval_every=0, policy_fields=""):
     config = tmp_path / "sim.toml"
     config.write_text(f"""
 [model]
@@ -105,6 +105,7 @@ eval_size = 0
 name = "{policy}"
 batch_size = 4
 rollouts_per_prompt = 2
+{policy_fields}
 [rollout]
 max_new_tokens = 4
 [run]
@@ -133,7 +134,7 @@ def test_simulate_selects_a_checkpoint_by_target_feedback(tmp_path, capsys):
 
 
 def test_simulate_target_mix_trains_on_the_feedback_split(tmp_path):
-    from trainer_node.simulate import SimulateOptions, resolve_config
+    from lab.simulate import SimulateOptions, resolve_config
 
     run_dir = tmp_path / "run"
     config = _tiny_sim_config(tmp_path, run_dir, "uniform")
@@ -145,21 +146,26 @@ def test_simulate_target_mix_trains_on_the_feedback_split(tmp_path):
 
 
 def test_target_mix_pool_adds_the_feedback_split_but_not_the_test_split(tmp_path):
-    from trainer_node.config import load_config
+    from lab.simulate import target_mix_pool
+    from trainer_node.config import ConfigError, load_config
     from trainer_node.training import build_training
 
     config = _tiny_sim_config(tmp_path, tmp_path / "run", "uniform")
     plain = build_training(load_config(config))
-    mixed = build_training(load_config(config, {"data.train_on_feedback_split": True}))
+    mix_config = load_config(config, {"data.train_on_feedback_split": True})
+    mixed = build_training(mix_config, extend_pool=target_mix_pool)
     assert len(mixed.pool) == len(plain.pool) + len(plain.data.feedback)
     prompts = {e.prompt for e in mixed.pool.examples}
     assert all(e.prompt in prompts for e in plain.data.feedback)
     assert not any(e.prompt in prompts for e in plain.data.test)
+    # the trainer alone never adds target data to its pool: only the lab's extension does
+    with pytest.raises(ConfigError, match="train_on_feedback_split"):
+        build_training(mix_config)
 
 
 def test_oracle_gets_the_target_composition_in_simulation(tmp_path):
+    from lab.simulate import SimulateOptions, resolve_config
     from rlvr_core.tasks.testbed import load_testbed, target_composition
-    from trainer_node.simulate import SimulateOptions, resolve_config
 
     config = _tiny_sim_config(tmp_path, tmp_path / "run", "oracle")
     resolved = resolve_config(SimulateOptions(config=config))
@@ -177,8 +183,48 @@ def test_train_refuses_simulation_only_options(tmp_path):
         run_training(load_config(config, {"selection.every": 2}), progress=False)
 
 
+def test_train_refuses_a_simulation_only_policy(tmp_path):
+    """The oracle is registered (the lab is imported) and fully configured, yet `train` refuses it
+    before building anything: it is marked simulation_only."""
+    from lab.policies.oracle import OraclePolicy
+    from trainer_node.config import ConfigError, load_config
+    from trainer_node.training import run_training
+
+    assert OraclePolicy.simulation_only
+    config = _tiny_sim_config(tmp_path, tmp_path / "run", "oracle",
+                              policy_fields='domain_weights = { "add" = 1.0 }')
+    with pytest.raises(ConfigError, match="simulation-only") as error:
+        run_training(load_config(config), progress=False)
+    assert "policy.name" in str(error.value) and "trainer-node simulate --method oracle" in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_simulate_method_names_the_choices(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["simulate", "--method", "nope"])
     assert exit_info.value.code != 0
     assert "target_mix" in str(exit_info.value.code) and "uniform" in str(exit_info.value.code)
+
+
+def test_train_with_a_remote_owner_gets_its_final_release(small_owner, tmp_path):
+    """`train`'s [feedback] path through the same loop and wiring simulate uses: a uniform run
+    asks the owner only for the final release, which is logged and summarised."""
+    run_dir = tmp_path / "run"
+    with OwnerProcess(small_owner) as owner:
+        settings = owner.client_settings()
+        config = _tiny_sim_config(tmp_path, run_dir, "uniform", f"""
+[feedback]
+target = "{settings.target}"
+ca_cert = "{settings.ca_cert}"
+client_cert = "{settings.client_cert}"
+client_key = "{settings.client_key}"
+server_name = "localhost"
+""", steps=2)
+        assert main(["train", "--config", str(config), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["feedback_queries"] == 1 and summary["feedback_failures"] == 0
+    assert 0.0 <= summary["target_feedback_accuracy"] <= 1.0 and summary["epsilon_spent"] > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records if r["kind"] == "eval"] == ["target_feedback"]  # eval_size = 0
+    assert all(r["feedback_queries"] == 0 for r in records if r["kind"] == "train")
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()

@@ -3,7 +3,7 @@ writes what the real one writes.
 
 It takes the real command line (--method --testbed --seed --steps --out --config [--no-dp]),
 reads the run config the bench wrote, and leaves summary.json, metrics.jsonl and
-resolved_config.json shaped like trainer_node/simulate.py's, with deterministic numbers:
+resolved_config.json shaped like lab/simulate.py's, with deterministic numbers:
 accuracy = a per-seed offset shared by all methods (what matched seeds buy) + a per-method
 bonus + small per-(method, seed) noise. A method labelled "broken" exits 3; one labelled
 "slow" sleeps 60 s first (policy options are typed now, so the label carries the test's wish;
@@ -99,16 +99,16 @@ def main(argv: list[str]) -> int:
 
 
 def _real_summary_keys() -> set[str]:
-    """SUMMARY_KEYS of trainer_node/simulate.py, read without importing torch and grpc."""
+    """SUMMARY_KEYS of lab/simulate.py, read without importing torch and grpc."""
     import ast
+    import importlib.util
 
-    import trainer_node
-
-    source = (Path(trainer_node.__file__).parent / "simulate.py").read_text()
+    lab_dir = Path(importlib.util.find_spec("lab").submodule_search_locations[0])
+    source = (lab_dir / "simulate.py").read_text()
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SUMMARY_KEYS" for t in node.targets):
             return set(ast.literal_eval(node.value))
-    raise AssertionError("trainer_node/simulate.py has no SUMMARY_KEYS")
+    raise AssertionError("lab/simulate.py has no SUMMARY_KEYS")
 
 
 def test_fake_writes_every_key_the_real_simulate_promises(tmp_path):

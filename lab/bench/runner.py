@@ -33,8 +33,8 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from trainer_node.bench import tomlwrite
-from trainer_node.bench.spec import PlannedRun
+from lab.bench import tomlwrite
+from lab.bench.spec import PlannedRun
 
 CommandBuilder = Callable[[PlannedRun, Path, Path], list[str]]
 """(run, run_dir, config_path) -> argv of a process that writes run_dir/summary.json."""

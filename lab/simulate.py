@@ -1,7 +1,7 @@
 """`trainer-node simulate`: the whole two-party system on one machine.
 
 1. build (or load from cache) the tiny policy from SOURCE data only;
-2. `target-owner-node init` writes an owner setup (config, fresh mTLS PKI, the testbed's
+2. the owner's own init writes an owner setup (config, fresh mTLS PKI, the testbed's
    target splits); `target-owner-node serve` runs as a separate process on a free loopback
    port. Only that process reads the target data;
 3. GRPO trains with the chosen data policy (L2RR by default). Policies that learn from the
@@ -9,6 +9,8 @@
    the owner in one DP release per query, paced so the budget lasts the run;
 4. the owner measures target TEST accuracy before and after (an owner-enabled split that
    is never used for learning), and the run directory gets metrics, plots and summary.json.
+
+Steps 3-4 are the trainer's one run loop (trainer_node/loop.py) with the lab's hooks.
 """
 
 from __future__ import annotations
@@ -18,26 +20,28 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
-from trainer_node.config import TrainConfig, load_config
+from lab.configs import simulate_defaults_path
+from lab.evaluation import OwnerTestEvaluation, domain_accuracy
+from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from lab.policies import fill_simulation_options
+from rlvr_core.configuration import load_toml
+from trainer_node.config import TrainConfig, parse_config, with_overrides
 from trainer_node.feedback.client import TargetFeedbackClient
-from trainer_node.feedback.context import OwnerFeedback
-from trainer_node.feedback.pacing import BudgetPacer
+from trainer_node.feedback.hook import OwnerFeedbackHook
 from trainer_node.feedback.selection import CheckpointSelector
-from trainer_node.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from trainer_node.loop import Schedule, run_loop
 from trainer_node.run_output import RunOutput
+from trainer_node.training import build_training, connect_feedback
 
-log = logging.getLogger("trainer_node.simulate")
+log = logging.getLogger("lab.simulate")
 
 SUMMARY_KEYS = (
     "method", "testbed", "seed", "steps", "target_accuracy_before", "target_accuracy_after",
     "rollouts", "epsilon_spent", "epsilon_budget", "wall_seconds",
 )
-TEST_SEED = 20261130  # one decoding seed for every test-split evaluation
 
 # The simulated owner's privacy settings (a real owner's defaults are target_owner_node.config's
 # PrivacyConfig: epsilon 4, q 0.1, 500 releases). With ~270 held-out rows, q = 0.5 and 150
@@ -63,14 +67,21 @@ class SimulateOptions:
 
 
 def default_config_path() -> Path:
-    return Path(str(resources.files("trainer_node") / "configs" / "simulate_default.toml"))
+    return simulate_defaults_path()
 
 
 # Diagnostics that exist only in simulation, where the trainer could see the target set.
 TARGET_MIX = "target_mix"  # uniform GRPO on source + the owner's feedback split
 
 
+def target_mix_pool(data: Any) -> tuple[Any, ...]:
+    """What target_mix adds to the RL pool: the owner's feedback split (never the test split)."""
+    return tuple(data.feedback)
+
+
 def resolve_config(opts: SimulateOptions) -> TrainConfig:
+    """The run's config: the TOML (embedded defaults unless --config), the command's flags,
+    then the options only a simulation knows (lab/policies: the oracle's target composition)."""
     overrides: dict[str, Any] = {}
     if opts.method == TARGET_MIX:
         overrides["policy.name"] = "uniform"
@@ -85,21 +96,9 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
         overrides["run.steps"] = opts.steps
     if opts.out is not None:
         overrides["run.out_dir"] = str(opts.out)
-    config = load_config(opts.config or default_config_path(), overrides)
-    if config.policy.name == "oracle" and config.policy.domain_weights is None:
-        config = _with_oracle_weights(config)
-    return config
-
-
-def _with_oracle_weights(config: TrainConfig) -> TrainConfig:
-    """The oracle diagnostic samples source domains in the target's composition, which only
-    a simulation knows (from the testbed file)."""
-    from trainer_node.policies.base import parse_policy_options
-    from trainer_node.policies.oracle import target_domain_weights
-
-    weights = target_domain_weights(config.data.testbed)
-    policy = parse_policy_options({**config.policy.model_dump(), "domain_weights": weights})
-    return config.model_copy(update={"policy": policy})
+    path = Path(opts.config or default_config_path())
+    raw = with_overrides(load_toml(path), overrides)
+    return parse_config(fill_simulation_options(raw), source=str(path), base_dir=path.resolve().parent)
 
 
 class Simulation:
@@ -111,82 +110,38 @@ class Simulation:
         self.run_dir = Path(self.config.run.out_dir)
 
     def run(self) -> dict[str, Any]:
-        from trainer_node.training import build_training
-
         started = time.perf_counter()
-        cfg = self.config
+        cfg, opts = self.config, self.opts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         owner_dir = self.run_dir / "owner"
         if owner_dir.exists():
             shutil.rmtree(owner_dir)  # fresh certificates and a fresh budget for every run
-        setup = build_training(cfg)  # builds or loads the tiny policy (source data only)
-        extra = [
-            "--epsilon", str(self.opts.epsilon), "--sample-rate", str(self.opts.sample_rate),
-            "--planned-releases", str(self.opts.planned_releases),
-            "--max-prompt-tokens", str(prompt_width(setup.tokenizer, setup.data, setup.template)),
-        ]
-        init_owner(owner_dir, cfg.data.testbed, dp=not self.opts.no_dp, extra_args=extra, test_split=True)
+        # builds or loads the tiny policy (source data only)
+        setup = build_training(cfg, extend_pool=target_mix_pool if cfg.data.train_on_feedback_split else None)
+        init_owner(owner_dir, cfg.data.testbed, dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
+                   sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
+                   max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template))
 
         trainer = setup.trainer
-        select = cfg.selection.every > 0
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:
-            info = client.info()
-            feedback = OwnerFeedback(
-                client,
-                trainer,
-                BudgetPacer(total_steps=cfg.run.steps, dp_enabled=info.privacy.enabled,
-                            reserve_queries=1 if select else 0),
-                pb.DecodingSettings(
-                    max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=1, temperature=0.0,
-                    seed=cfg.run.seed,
-                ),
-                self.run_dir / "checkpoints_sent",
-            )
-            if setup.policy.uses_target_feedback:
-                trainer.feedback = feedback
+            feedback = connect_feedback(setup, client, self.run_dir)
             selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)
-                        if select else None)
+                        if cfg.selection.every else None)
+            hook = OwnerFeedbackHook(feedback, selector=selector, health_check=owner.check_alive)
+            evaluation = OwnerTestEvaluation(client, feedback, cfg.rollout.max_new_tokens, owner.check_alive)
             cfg.save_resolved(self.run_dir)
-            output = RunOutput(self.run_dir, cfg.run.steps, progress=self.opts.progress)
-
-            def test_eval(label: str, checkpoint_id: str | None = None, name: str = "target_test") -> dict[str, Any]:
-                owner.check_alive()
-                checkpoint_id = checkpoint_id or feedback.upload_current(label)
-                decoding = pb.DecodingSettings(
-                    max_new_tokens=cfg.rollout.max_new_tokens, samples_per_prompt=1, temperature=0.0, seed=TEST_SEED
-                )
-                result = client.evaluate([checkpoint_id], decoding, split=pb.SPLIT_TEST).results[0]
-                record = {
-                    "name": name, "step": trainer.step_index,
-                    "rollouts_cumulative": trainer.rollouts_cumulative, "accuracy": result.accuracy,
-                    **{f"accuracy/{d}": a for d, a in sorted(result.domain_accuracy.items())},
-                }
-                output.log_eval(record)
-                return record
-
-            before = test_eval("initial")
-            while trainer.step_index < cfg.run.steps:
-                record = trainer.train_step()
-                owner.check_alive()
-                record.update(
-                    feedback_queries=feedback.stats.queries,
-                    feedback_failures=feedback.stats.failures,
-                    epsilon_spent=feedback.stats.epsilon_spent,
-                )
-                output.log_step(record)
-                done = trainer.step_index
-                if selector is not None:
-                    selector.after_step(done)
-                if cfg.run.eval_every and done < cfg.run.steps and done % cfg.run.eval_every == 0:
-                    test_eval(f"step{done}")
-            after = test_eval("final")
-            selection = selected_test = None
-            if selector is not None:
-                selection = selector.select()
-                if selection is not None:
-                    selected_test = test_eval("selected", selection.chosen.checkpoint_id, "target_test_selected")
+            output = RunOutput(self.run_dir, cfg.run.steps, progress=opts.progress)
+            # No checkpoints: a simulated run is measured, not resumed.
+            result = run_loop(trainer, output, Schedule(steps=cfg.run.steps, eval_every=cfg.run.eval_every),
+                              evaluation, hook)
+            selection, selected_test = result.feedback.selection, None
+            if selection is not None:
+                selected_test = evaluation.evaluate_checkpoint(selection.chosen.checkpoint_id, "target_test_selected")
+                output.log_eval({"step": trainer.step_index, "rollouts_cumulative": trainer.rollouts_cumulative,
+                                 **selected_test})
             budget = client.budget()
 
+        before, after = result.initial, result.final
         summary = {
             "method": cfg.policy.name,
             "testbed": cfg.data.testbed,
@@ -194,8 +149,8 @@ class Simulation:
             "steps": trainer.step_index,
             "target_accuracy_before": before["accuracy"],
             "target_accuracy_after": after["accuracy"],
-            "target_domain_accuracy_before": {k.split("/", 1)[1]: v for k, v in before.items() if k.startswith("accuracy/")},
-            "target_domain_accuracy_after": {k.split("/", 1)[1]: v for k, v in after.items() if k.startswith("accuracy/")},
+            "target_domain_accuracy_before": domain_accuracy(before),
+            "target_domain_accuracy_after": domain_accuracy(after),
             "rollouts": trainer.rollouts_cumulative,
             "epsilon_spent": budget.epsilon_spent,
             "epsilon_budget": budget.epsilon_budget if budget.dp_enabled else 0.0,
@@ -210,8 +165,7 @@ class Simulation:
         if selection is not None:
             summary["selection"] = selection.to_json()
             summary["target_accuracy_selected"] = selected_test["accuracy"]
-            summary["target_domain_accuracy_selected"] = {
-                k.split("/", 1)[1]: v for k, v in selected_test.items() if k.startswith("accuracy/")}
+            summary["target_domain_accuracy_selected"] = domain_accuracy(selected_test)
         output.close(extra=summary, print_table=False)
         # RunOutput's summary.json has the training statistics; ours adds the run-level keys.
         merged = json.loads((self.run_dir / "summary.json").read_text())

@@ -1,0 +1,67 @@
+"""Evaluation hooks on the target's TEST split: only a simulation may measure there.
+
+Both implement trainer_node/loop.py's EvaluationHook. `OwnerTestEvaluation` is what
+simulate reports: the owner process scores the uploaded live model on its test split (exact
+and uncharged, so served only when the owner is set up for a simulation). `LocalTestEvaluation`
+scores the same split in this process with the owner's scorer, for tools that run GRPO
+without an owner (tools/bench_grpo_cpu.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from trainer_node.evaluation import flatten_accuracy, local_accuracy
+from trainer_node.feedback.context import OwnerClient, OwnerFeedback
+from trainer_node.training import TrainingSetup
+
+TEST_SEED = 20261130  # one decoding seed for every test-split evaluation by the owner
+
+
+@dataclass
+class OwnerTestEvaluation:
+    client: OwnerClient
+    feedback: OwnerFeedback
+    """Uploads the live model (its checkpoint travels as any candidate does)."""
+    max_new_tokens: int
+    health_check: Callable[[], None] | None = None
+    """Runs first: the lab's check that the owner process is alive."""
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        self._check()
+        return self._measure(self.feedback.upload_current(label), "target_test")
+
+    def evaluate_checkpoint(self, checkpoint_id: str, name: str) -> dict[str, Any]:
+        """Greedy test-split accuracy of an uploaded checkpoint (e.g. the selected one)."""
+        self._check()
+        return self._measure(checkpoint_id, name)
+
+    def _check(self) -> None:
+        if self.health_check is not None:
+            self.health_check()
+
+    def _measure(self, checkpoint_id: str, name: str) -> dict[str, Any]:
+        decoding = pb.DecodingSettings(max_new_tokens=self.max_new_tokens, samples_per_prompt=1, temperature=0.0,
+                                       seed=TEST_SEED)
+        result = self.client.evaluate([checkpoint_id], decoding, split=pb.SPLIT_TEST).results[0]
+        return {"name": name, "accuracy": result.accuracy,
+                **{f"accuracy/{d}": a for d, a in sorted(result.domain_accuracy.items())}}
+
+
+@dataclass
+class LocalTestEvaluation:
+    setup: TrainingSetup
+    seed: int = 0
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        result = local_accuracy(self.setup.engine, self.setup.data.test, self.setup.template,
+                                self.setup.config.rollout.max_new_tokens, seed=self.seed)
+        return {"name": "target_test", **flatten_accuracy(result)}
+
+
+def domain_accuracy(record: dict[str, Any]) -> dict[str, float]:
+    """{"accuracy/<domain>": a} keys of an eval record -> {domain: a}."""
+    return {key.split("/", 1)[1]: value for key, value in record.items() if key.startswith("accuracy/")}

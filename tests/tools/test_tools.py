@@ -1,0 +1,71 @@
+"""Smoke tests of every script in tools/: each explains itself (--help), and the quick ones run
+a tiny case. (tools/gen_protos.py --check runs in tests/protocol/test_stubs_fresh.py,
+tools/bench_engine.py --shape-cost in test_bench_engine.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = sorted(p.name for p in (ROOT / "tools").glob("*.py"))
+
+
+def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_the_tools_are_the_ones_documented():
+    assert TOOLS == ["bench_engine.py", "bench_grpo_cpu.py", "bench_owner.py", "gen_protos.py", "summarize_runs.py"]
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_every_tool_explains_itself(name):
+    result = run_tool(name, "--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage:") and f"tools/{name}" in result.stdout  # the docstring's examples
+
+
+def test_bench_grpo_cpu_runs_a_tiny_case(tmp_path):
+    from tests.trainer_node.grpo_helpers import make_model_dir
+
+    out = tmp_path / "out"
+    result = run_tool("bench_grpo_cpu.py", "--steps", "2", "--eval-every", "1", "--out", str(out), "--threads", "1",
+                      "--set", f"model.path={make_model_dir(tmp_path)}", "--set", "model.tiny=false",
+                      "--set", "data.testbed=small", "--set", "policy.batch_size=2",
+                      "--set", "policy.rollouts_per_prompt=2", "--set", "rollout.max_new_tokens=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["steps"] == 2 and report["rollouts"] == 8 and report["testbed"] == "small"
+    assert 0.0 <= report["test_accuracy_before"] <= 1.0 and set(report["per_domain_after"])
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [0, 1, 2]  # before, every step, after: the run loop's schedule
+
+
+def test_summarize_runs_pairs_methods_over_seeds(tmp_path):
+    for method, bonus in (("uniform", 0.0), ("l2rr", 0.05)):
+        for seed in range(3):
+            run = tmp_path / f"{method}-seed{seed}"
+            run.mkdir()
+            (run / "summary.json").write_text(json.dumps({
+                "target_accuracy_before": 0.4, "target_accuracy_after": 0.5 + bonus + 0.01 * seed,
+                "rollouts": 1000 - 100 * (method == "l2rr"), "epsilon_spent": 1.0,
+            }))
+    result = run_tool("summarize_runs.py", str(tmp_path), "--control", "uniform", timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert "(control)" in rows["uniform"] and "+5.00" in rows["l2rr"] and "1.11×" in rows["l2rr"]
+
+
+@pytest.mark.slow
+def test_bench_owner_runs_a_tiny_case():
+    """~30 s: an owner server process, a 1 MiB upload and a tiny evaluation."""
+    result = run_tool("bench_owner.py", "--size-mb", "1", "--prompts", "4", "--samples", "1", "--max-new-tokens", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "upload over mTLS loopback" in result.stdout and "prompts/s" in result.stdout
