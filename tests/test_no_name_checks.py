@@ -57,7 +57,10 @@ WATCHED = [
     Watched("trainer_node.grpo.lookahead:LOOKAHEAD_OPTIMIZERS"),
     Watched("trainer_node.policies.l2rr_estimators:ESTIMATORS"),
     Watched("protocol.conformance.registry:CHECKS", module_of=lambda check: check.function.__module__),
+    Watched("trainer_node.policies.base:POLICIES"),
 ]
+
+import lab.policies  # noqa: E402,F401 - registers the simulation-only policies, so their names are watched too
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,7 @@ def accuracy_vs_rollouts(tb: dict[str, Any], path: Path) -> Path | None:
 
 def lambda_sweep(tb: dict[str, Any], path: Path) -> Path | None:
     points = sorted((m for m in tb["methods"].values()
-                     if m["lambda"] is not None and m["balanced"]["mean"] is not None
-                     and (m["group"] == "sweep" or (m["group"] == "main" and set(m["options"]) <= {"lambda_waste"}))),
+                     if m["sweep_point"] and m["lambda"] is not None and m["balanced"]["mean"] is not None),
                     key=lambda m: m["lambda"])
     if not any(m["group"] == "sweep" for m in points):
         return None

@@ -88,7 +88,8 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     lines += [_table_row(m, domains, control) for m in _methods(tb, "main")]
     ablations = _methods(tb, "ablation")
     if ablations:
-        full = [m for m in _methods(tb, "main") if m["policy"] == "l2rr"]
+        ablated = {m["policy"] for m in ablations}  # the full method of an ablation runs the same policy
+        full = [m for m in _methods(tb, "main") if m["policy"] in ablated]
         lines += ["", "### Table 2: L2RR ablations", "", *_table_header(domains, control)]
         lines += [_table_row(m, domains, control, f"{m['label']} (full)") for m in full]
         lines += [_table_row(m, domains, control) for m in ablations]
@@ -99,7 +100,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
                    "estimator, checkpoint selection by target feedback); not deployable rows of Table 1."), "",
                   *_table_header(domains, control)]
         lines += [_table_row(m, domains, control) for m in diagnostics]
-    sweep = sorted((m for m in tb["methods"].values() if m["group"] == "sweep" or _plain_l2rr(m)),
+    sweep = sorted((m for m in tb["methods"].values() if m["sweep_point"] and m["lambda"] is not None),
                    key=lambda m: m["lambda"])
     if any(m["group"] == "sweep" for m in sweep):
         lines += ["", "### Waste weight λ sweep (Figure 2)", "",
@@ -144,11 +145,6 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
         lines += ["", "### Figures", ""]
         lines += [f"![{title}]({path})" for title, path in figures.items()]
     return lines
-
-
-def _plain_l2rr(method: dict[str, Any]) -> bool:
-    """A main-table L2RR row whose only option (if any) is lambda: a point of the lambda sweep."""
-    return method["group"] == "main" and method["policy"] == "l2rr" and set(method["options"]) <= {"lambda_waste"}
 
 
 def render_report(results: dict[str, Any], figures: dict[str, dict[str, str]] | None = None) -> str:

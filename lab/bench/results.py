@@ -95,15 +95,26 @@ def policy_dynamics(per_seed_metrics: Sequence[Sequence[dict[str, Any]]]) -> dic
     return out
 
 
-def lambda_of(policy: str, options: dict[str, Any]) -> float | None:
-    """L2RR's effective waste weight (0 without the waste penalty); None for other policies."""
-    if policy != "l2rr":
-        return None
-    from trainer_node.policies.l2rr import L2rrOptions
+def resolved_policy(method: Any, run_dirs: Sequence[Path]) -> Any:
+    """The typed policy options a method's runs used: the first run's resolved_config.json
+    (what simulate actually ran, every default filled in), else the spec's options parsed the
+    same way (a method with no finished run)."""
+    from trainer_node.policies.base import parse_policy_options
 
-    if options.get("waste_penalty") is False:
-        return 0.0
-    return float(options.get("lambda_waste", L2rrOptions().lambda_waste))
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "resolved_config.json"
+        if path.is_file():
+            return parse_policy_options(json.loads(path.read_text())["policy"])
+    return parse_policy_options({**method.options, "name": method.policy})
+
+
+def sweep_point(method: Any, policy: Any) -> bool:
+    """A point of the sweep figure: a `sweep` row, or a main row of a policy with a sweep
+    parameter whose only option (if any) is that parameter."""
+    if method.group == "sweep":
+        return True
+    parameter = type(policy).sweep_parameter
+    return method.group == "main" and parameter is not None and set(method.options) <= {parameter}
 
 
 def _stat(values: Sequence[float]) -> dict[str, float | None]:
@@ -160,10 +171,12 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
     for method in spec.methods:
         seeds = per_method[method.label]
         metrics = {s: read_metrics(runs_dir / method.label / f"seed{s}") for s in sorted(seeds)}
+        policy = resolved_policy(method, [runs_dir / method.label / f"seed{s}" for s in sorted(seeds)])
         curves = {s: eval_curve(m) for s, m in metrics.items()}
         entry: dict[str, Any] = {
             "label": method.label, "policy": method.policy, "group": method.group, "options": method.options,
-            "lambda": lambda_of(method.policy, method.options),
+            "lambda": policy.sweep_value(),
+            "sweep_point": sweep_point(method, policy),
             "seeds_ok": sorted(seeds),
             "per_seed": {str(s): v for s, v in sorted(seeds.items())},
             "accuracy": _stat([v["accuracy"] for v in seeds.values()]),
@@ -186,8 +199,9 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
                                                          {s: v["accuracy"] for s, v in control.items()})
         control_by_seed = {s: v["balanced"] for s, v in control.items()}
         entry["reach_control"] = _reach(entry["curve"], curves, control_final, control_by_seed)
-        if method.policy == "l2rr":
-            entry["dynamics"] = policy_dynamics([metrics[s] for s in sorted(metrics)])
+        dynamics = policy_dynamics([metrics[s] for s in sorted(metrics)])  # None: no q/waste metrics
+        if dynamics is not None:
+            entry["dynamics"] = dynamics
         methods[method.label] = entry
     before = [v["balanced_before"] for seeds in per_method.values() for v in seeds.values()
               if v["balanced_before"] is not None]

@@ -107,9 +107,12 @@ class MethodSpec(_Strict):
         return config
 
     @model_validator(mode="after")
-    def _sweep_is_l2rr(self) -> MethodSpec:
-        if self.group == "sweep" and self.policy != "l2rr":
-            raise ValueError(f"group = \"sweep\" is the L2RR waste-weight sweep; policy must be l2rr, got {self.policy!r}")
+    def _sweep_has_a_parameter(self) -> MethodSpec:
+        from trainer_node.policies.base import policy_options_model
+
+        if self.group == "sweep" and policy_options_model(self.policy).sweep_parameter is None:
+            raise ValueError(f"group = \"sweep\" varies a policy's sweep parameter (L2RR: lambda_waste); "
+                             f"policy {self.policy!r} has none")
         return self
 
 

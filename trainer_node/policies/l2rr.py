@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -99,9 +99,14 @@ class L2rrOptions(PolicyOptions):
             raise ValueError(f"must be one of {estimator_names()}, got {name!r}")
         return name
 
+    sweep_parameter: ClassVar[str | None] = "lambda_waste"
+
     @property
     def effective_lambda(self) -> float:
         return self.lambda_waste if self.waste_penalty else 0.0
+
+    def sweep_value(self) -> float | None:
+        return self.effective_lambda
 
     def estimator_settings(self) -> EstimatorSettings:
         return EstimatorSettings(

@@ -18,6 +18,8 @@ Light on purpose (pydantic only): trainer_node/config.py imports it at start-up.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from rlvr_core.configuration import OptionsSection
@@ -27,6 +29,13 @@ DEFAULT_POLICY = "uniform"
 
 class PolicyOptions(OptionsSection):
     """The batch shape every data policy shares; each policy's options model extends it."""
+
+    sweep_parameter: ClassVar[str | None] = None
+    """The option a bench `sweep` group varies (L2RR: lambda_waste); None: no sweep."""
+
+    def sweep_value(self) -> float | None:
+        """The effective value of `sweep_parameter` in these options (None without one)."""
+        return None
 
     name: str = Field(default=DEFAULT_POLICY, description="A registered data policy (trainer_node.policies).")
     batch_size: int = Field(default=8, gt=0, description="Prompts per training batch (B).")
