@@ -27,7 +27,7 @@ import numpy as np
 
 from protocol import errors
 from protocol.errors import ProtocolError, invalid
-from protocol.privacy.mechanisms import capped_poisson_mask, replay_release, rows_per_query
+from protocol.privacy.mechanisms import capped_poisson_mask, gaussian_noise, replay_release, rows_per_query
 from target_owner_node.audit import AuditLog
 from target_owner_node.budget import Charge, PrivacyBudget, to_record
 from target_owner_node.checkpoint_store import CheckpointStore
@@ -182,7 +182,7 @@ class ReleaseService:
             # The subsample and the noise are drawn before evaluation and stored with the charge,
             # so a crash-and-retry releases exactly what was paid for.
             mask = capped_poisson_mask(n, rate, cap, source)
-            noise = np.asarray(source.normal(budget.noise_multiplier, num_candidates), dtype=np.float64)
+            noise = gaussian_noise(budget.noise_multiplier, num_candidates, source)
             return PendingRelease(
                 release_id=uuid.uuid4().hex,
                 request_id=request.request_id,
@@ -199,7 +199,7 @@ class ReleaseService:
                 expected_size=rate * n,
                 noise_std_sum=budget.noise_multiplier,
                 mask=mask,
-                noise_draws=noise.reshape(num_candidates),
+                noise_draws=noise,
             )
 
         try:

@@ -189,6 +189,15 @@ def replay_release(scores: np.ndarray, expected_size: float, noise_draws: np.nda
     return np.clip((sums + noise_draws) / expected_size, 0.0, 1.0)
 
 
+def gaussian_noise(noise_std_sum: float, num_candidates: int, source: NoiseSource) -> np.ndarray:
+    """The noise of one release: `num_candidates` iid N(0, noise_std_sum^2) draws, one per
+    candidate's sum. Drawn when the release is charged and stored with it, so a retry replays it."""
+    _check_std(noise_std_sum)
+    if num_candidates < 1:
+        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
+    return np.asarray(source.normal(noise_std_sum, num_candidates), dtype=np.float64).reshape(num_candidates)
+
+
 def noisy_mean_release(
     scores: np.ndarray, expected_size: float, noise_std_sum: float, source: NoiseSource
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -205,7 +214,7 @@ def noisy_mean_release(
     scores = _check_scores(scores)
     _check_expected_size(expected_size)
     _check_std(noise_std_sum)
-    noise_draws = np.asarray(source.normal(noise_std_sum, scores.shape[0]), dtype=np.float64)
+    noise_draws = gaussian_noise(noise_std_sum, scores.shape[0], source)
     return replay_release(scores, expected_size, noise_draws), noise_draws
 
 

@@ -326,3 +326,27 @@ def test_test_split_is_exact_per_domain_and_not_charged(node_factory, tiny_check
     assert node.budget.spent() == 0 and node.budget.releases_made == 0
     audit = read_jsonl(node.config.storage.dir / "audit.jsonl")
     assert audit[-1]["event"] == "release" and audit[-1]["split"] == TEST
+
+
+def test_the_release_is_built_from_the_pure_mechanisms(node_factory, tiny_checkpoint, monkeypatch):
+    """The mechanism that is tested (protocol/privacy/mechanisms.py) is the mechanism that runs:
+    the owner draws the subsample and the noise, and computes the value, through those functions."""
+    import target_owner_node.release as release
+    from protocol.privacy import mechanisms
+
+    used = []
+
+    def spy(name):
+        real = getattr(mechanisms, name)
+
+        def call(*args, **kwargs):
+            used.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(release, name, call)
+
+    for name in ("capped_poisson_mask", "gaussian_noise", "replay_release"):
+        spy(name)
+    node = node_factory(privacy={"sample_rate": 0.5, "planned_releases": 50, "epsilon_budget": 4.0})
+    node.releases.evaluate("trainer", request([_upload(node, tiny_checkpoint)]))
+    assert used == ["capped_poisson_mask", "gaussian_noise", "replay_release"]
