@@ -29,9 +29,9 @@ def _recording(monkeypatch, module, attribute):
 
 
 def test_owner_worker_and_trainer_evaluation_call_the_same_scorer(monkeypatch):
-    import trainer_node.evaluation as evaluation
     from rlvr_core.engines.sampling import row_key
     from target_owner_node import worker
+    from trainer_node import evaluation
 
     assert evaluation.score_rows is rlvr_core.scoring.score_rows
     owner_calls = _recording(monkeypatch, rlvr_core.scoring, "score_rows")  # the worker imports it at call time
