@@ -31,7 +31,9 @@ min_heldout_size = {min_heldout_size}
 task_description = {task_description}
 answer_format = {answer_format}
 prompt_template = {prompt_template}
-verifier = "per_example"              # or one verifier name for every row, e.g. "exact_match"
+# chat_format = "chatml"              # render each prompt as a chat turn: a built-in format (published in GetInfo)
+# chat_template_path = "chat.jinja"   # ...or your own Jinja chat template file (never one from an upload)
+verifier = "per_example"              # or one verifier for every row: "exact_match", or an installed plug-in's name
 
 [evaluation]
 engine = "transformers"
