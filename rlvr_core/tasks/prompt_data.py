@@ -43,7 +43,7 @@ from rlvr_core.tasks.rendering import parse_chat_turns
 DEFAULT_CLUSTER = "all"
 VERL_COLUMNS = {
     "prompt": "prompt", "answer": "reward_model.ground_truth", "cluster": "data_source",
-    "metadata": "extra_info", "id": "extra_info.index",
+    "metadata": "extra_info", "id": "extra_info.index", "verifier": None,
 }
 
 
