@@ -354,7 +354,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
         if feedback is not None:
             feedback.client.close()
     extra = {"final_checkpoint": str(result.final_checkpoint), "model_dir": str(setup.model_dir),
-             **result.feedback.summary}
+             "rendering": setup.rendering.describe() if setup.rendering else None, **result.feedback.summary}
     return output.close(extra=extra)
 
 

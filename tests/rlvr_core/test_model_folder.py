@@ -127,7 +127,7 @@ def test_what_the_own_folder_rule_refuses(folders, tmp_path, problem):
     elif problem == "no_config":
         (folder / "config.json").unlink()
     elif problem == "missing_shard":
-        sorted(folder.glob("model-*.safetensors"))[0].unlink()
+        min(folder.glob("model-*.safetensors")).unlink()
     elif problem == "no_tokenizer":
         (folder / "tokenizer.json").unlink()
     else:
