@@ -116,7 +116,7 @@ def test_a_refused_control_certificate_fails_the_certificate_checks(monkeypatch)
             return ()
 
     class Stub:
-        def GetInfo(self, request, timeout):  # noqa: N802 - the gRPC method name
+        def GetInfo(self, request, timeout):
             raise Refusing()
 
     class Connection:

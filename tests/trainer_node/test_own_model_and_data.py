@@ -18,7 +18,12 @@ import pytest
 from rlvr_core.tasks.io import write_examples
 from tests.deploy.conftest import heldout_examples, make_two_orgs, owner_config
 from tests.plugin_install import install_verifier_plugin, verifiers_from
-from tests.rlvr_core.model_folders import hub_folder, pickle_only_folder, save_pretrained_folder, sharded_folder
+from tests.rlvr_core.model_folders import (
+    hub_folder,
+    pickle_only_folder,
+    save_pretrained_folder,
+    sharded_folder,
+)
 from trainer_node.cli import main
 
 pa = pytest.importorskip("pyarrow")
