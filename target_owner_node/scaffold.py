@@ -2,8 +2,9 @@
 
 Writes DIR/config.toml, DIR/pki/ (the owner's CA, the server certificate and one client
 certificate for the trainer), DIR/heldout.jsonl and DIR/test.jsonl (the testbed's feedback
-and test splits) and DIR/storage/. The trainer receives only ca.pem and its client
-certificate + key; every other file stays with the owner.
+and test splits) and DIR/storage/. The single-CA pki/ serves a rehearsal on one machine (the
+trainer there uses ca.pem and the client certificate + key); across two organizations each
+makes its own CA, only ca.pem files cross and pki/ is deleted (docs/DEPLOY.md).
 """
 
 from __future__ import annotations
