@@ -91,6 +91,17 @@ def test_conformance_certificate_checks_take_the_trainer_orgs_ca_key(owner, two_
         assert "PASS" in row, row
 
 
+def test_conformance_help_names_the_trainer_orgs_ca_key():
+    import argparse
+
+    from protocol.conformance.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "the key of the CA that issued --cert" in text and "TRAINER organization's ca.key" in text
+
+
 def test_conformance_refuses_the_owner_orgs_ca_key_in_the_two_ca_setup(owner, two_orgs, capsys):
     """The owner's own CA key would mint certificates refused merely for their issuer: the checks would pass
     while testing nothing. The suite refuses such a key at start and says which key to pass."""

@@ -382,8 +382,8 @@ def launch_breakage(kind: str, config: OwnerConfig) -> dict:
 def unnamed_verifier(monkeypatch) -> None:
     """A card that declares a named (plug-in) verifier without saying which: a trainer cannot tell
     what scores its answers."""
-    import target_owner_node.server as server
     from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from target_owner_node import server
 
     real = server.info_response
 
