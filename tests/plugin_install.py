@@ -21,6 +21,7 @@ from pathlib import Path
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "rlvr_core" / "verifier_plugin"
 PLUGIN_VERIFIERS = ("acme_fragile", "acme_last_number")
+PLUGIN_PACKAGE = "acme_org_verifiers"
 
 
 def install_verifier_plugin(root: Path) -> Path:
@@ -41,12 +42,17 @@ def verifiers_from(site: Path, monkeypatch) -> Iterator[None]:
     """This process looks the verifier entry points up again with `site` on sys.path (undone after)."""
     from rlvr_core.verifiers import base
 
+    base.VERIFIERS.names()  # built-ins register on their module's first import: load them into the real registry
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     monkeypatch.setattr(base.VERIFIERS, "_entries", dict(base.VERIFIERS._entries))
     monkeypatch.setattr(base.VERIFIERS, "_loaded", False)
     monkeypatch.setattr(base, "_INSTANCES", {})
-    yield
+    try:
+        yield
+    finally:  # the package leaves with its folder: a later test may import a module of the same name
+        for name in [m for m in sys.modules if m == PLUGIN_PACKAGE or m.startswith(PLUGIN_PACKAGE + ".")]:
+            del sys.modules[name]
 
 
 def plugin_env(site: Path, repo: Path) -> dict[str, str]:

@@ -37,7 +37,7 @@ def test_the_registry_names_the_plugin_and_its_kind(site, monkeypatch):
     with verifiers_from(site, monkeypatch):
         assert set(PLUGIN_VERIFIERS) <= set(verifier_names())
         entry = VERIFIERS.entry("acme_last_number")
-        assert entry.source.startswith("entry point acme_verifiers:")
+        assert entry.source.startswith("entry point acme_org_verifiers:")
         assert entry.value.info_kind == "VERIFIER_KIND_NAMED" and entry.value.name == "acme_last_number"
 
 
