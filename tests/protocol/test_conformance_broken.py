@@ -30,9 +30,10 @@ TARGETED = {
     "accepts_pickle": ("upload.refuse.pickle_bin", "upload succeeded"),
     "accepts_any_tokenizer": ("upload.refuse.tokenizer_out_of_range", "upload succeeded"),
     "charges_then_fails": ("evaluate.refuse.charge_then_fail", "decoding.seed = 2**63"),
+    "unnamed_verifier": ("rpc.get_info.contract", "verifier_name is empty"),
 }
 # The aimed checks that pass against today's server (the rest wait for issue 11's fixes).
-PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle")
+PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle", "unnamed_verifier")
 
 # launched breakage (conformance_harness.py launch --break KIND) -> (aimed check, words of its failure)
 LAUNCHED = {
@@ -84,6 +85,8 @@ def build(base: Path, tmp_path: Path, kind: str, monkeypatch) -> Case:
         broken.accept_any_tokenizer(monkeypatch)
     elif kind == "charges_then_fails":
         broken.seed_unchecked_before_charge(monkeypatch)
+    elif kind == "unnamed_verifier":
+        broken.unnamed_verifier(monkeypatch)
     elif kind != "control":
         raise ValueError(kind)
     return Case(server.start(), node)

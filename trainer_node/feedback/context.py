@@ -71,6 +71,7 @@ class OwnerFeedback:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stats = FeedbackStats()
+        self.stop_reason = ""  # why queries stopped for good (OwnerFeedbackHook reports it)
         self._scratch = None
         self._step = 0
 
@@ -110,6 +111,7 @@ class OwnerFeedback:
             response = self.client.evaluate(ids, decoding, split=pb.SPLIT_FEEDBACK)
         except BudgetExhausted as err:
             self.pacer.mark_exhausted()
+            self.stop_reason = f"the owner refused a release: {err.reason or 'RESOURCE_EXHAUSTED'}"
             self.stats.failures += 1
             log.warning("target owner budget exhausted; keeping the last sampler state (%s)", err.reason)
             return None
