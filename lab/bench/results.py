@@ -281,7 +281,7 @@ def evaluation_sensitivity(methods: dict[str, dict[str, Any]], names: Sequence[s
     main = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
     scores = {name: {label: m["summaries"][name]["mean"] for label, m in main.items()
                      if m["summaries"][name]["mean"] is not None} for name in names}
-    out: dict[str, Any] = {"methods": sorted(main), "summaries": {}}
+    out: dict[str, Any] = {"methods": list(main), "summaries": {}}  # in spec order
     for name in names:
         rho, n = stats.spearman(scores[DOMAIN_BALANCED], scores[name])
         values = list(scores[name].values())
