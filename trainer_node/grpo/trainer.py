@@ -2,7 +2,8 @@
 
     sample -> rollout -> reward      policy.next_requests rounds; engine.generate; verifier
     select                           policy.training_groups / observe / before_update(feedback)
-    advantage -> loss -> update      group-relative advantages; clipped surrogate; AdamW
+    advantage -> loss -> update      group-relative advantages; the update seams (selection mask,
+                                     then weights: grpo/update_seam.py); clipped surrogate; AdamW
 
 Departures from textbook GRPO, all DAPO-style and configurable: clip-higher (eps_high >
 eps_low), token-level loss aggregation by default, no KL unless kl_coef > 0, optional soft
@@ -34,6 +35,7 @@ from trainer_node.grpo.lookahead import (
 from trainer_node.grpo.losses import get_loss
 from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.grpo.update_seam import UpdateSeams, nothing_kept, seam_metrics
 from trainer_node.policies.base import (
     DataPolicy,
     FeedbackContext,
@@ -82,6 +84,7 @@ class GRPOTrainer:
         self.on_step_end = on_step_end
         self.loss_fn = get_loss(settings.loss)
         self.lookahead_step = get_lookahead_optimizer(settings.lookahead)
+        self.update_seams = UpdateSeams.from_settings(settings)  # identity unless grpo.selection / reweighting
         self.pad_id = _pad_id(tokenizer)
         self.model.eval()  # no dropout: see module docstring
         self.ref_model = _frozen_copy(model) if settings.loss_settings.kl_coef > 0 else None
@@ -142,18 +145,25 @@ class GRPOTrainer:
 
     # ------------------------------------------------------- advantage -> loss
     def build_batch(self, groups: Sequence[Group], group_weights: Sequence[float] | None = None) -> PolicyBatch:
-        """Flatten groups, compute advantages, collate (B, T) tensors, attach ref logprobs."""
+        """Flatten groups, compute advantages, apply the update seams (selection mask, then
+        weights), collate (B, T) tensors, attach ref logprobs."""
         flat = flatten_groups(groups)
         advantages = compute_advantages(
             self.settings.advantage,
             AdvantageInput(rewards=flat.rewards, group_ids=flat.group_ids, eps=self.settings.adv_eps),
         )
         batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
+        batch = self.update_seams.weigh(batch, flat.rewards, self._rollout_logprobs)
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, batch, self.sampling.temperature)
             batch = replace(batch, ref_logprobs=ref)
         return batch
+
+    def _rollout_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
+        """Token log-probs of the policy that generated the rollouts (on-policy: the live model)."""
+        with torch.no_grad():
+            return token_logprobs(self.model, batch, self.sampling.temperature)[0]
 
     def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs, entropy = token_logprobs(self.model, micro, self.sampling.temperature, with_entropy)
@@ -169,6 +179,8 @@ class GRPOTrainer:
         """ppo_epochs x mini_batches optimizer steps on the batch, each with grad accumulation."""
         s = self.settings
         batch = self.build_batch(groups)
+        if nothing_kept(batch):  # a zero gradient would still move AdamW's momentum: skip instead
+            return {**self._skipped_update(self.step_index), **seam_metrics(batch)}
         if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
             with torch.no_grad():
                 old, _ = token_logprobs(self.model, batch, self.sampling.temperature)
@@ -201,6 +213,7 @@ class GRPOTrainer:
         out.update({key: value / count for key, value in sums.items()})
         out["adv_abs_mean"] = float(batch.advantages.abs().mean())
         out["train_rollouts"] = float(batch.size)
+        out.update(seam_metrics(batch))
         return out
 
     def _skipped_update(self, step: int) -> dict[str, float]:
