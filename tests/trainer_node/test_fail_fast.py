@@ -14,6 +14,7 @@ import pytest
 
 from tests.deploy.conftest import StubScorer, heldout_examples, in_process_owner, make_two_orgs, owner_config
 from tests.rlvr_core.model_folders import save_pretrained_folder
+from tests.trainer_node.mini_testbed import MINI_TESTBED
 from trainer_node.cli import main
 
 FAST_S = 10.0  # "within seconds": the model is never built, nothing is retried
@@ -67,21 +68,7 @@ out_dir = "{tmp_path / 'run'}"
 [feedback]
 {lines}
 """)
-    (tmp_path / "mini.toml").write_text("""
-name = "mini"
-seed = 3
-feedback_fraction = 0.5
-[[source]]
-task = "basic_arithmetic"
-domain = "add"
-size = 8
-config = { min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1, operators = ["+"] }
-[[target]]
-task = "basic_arithmetic"
-domain = "add"
-size = 4
-config = { min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 2, operators = ["+"] }
-""")
+    (tmp_path / "mini.toml").write_text(MINI_TESTBED)
     return config
 
 

@@ -24,6 +24,7 @@ from tests.rlvr_core.model_folders import (
     save_pretrained_folder,
     sharded_folder,
 )
+from tests.trainer_node.mini_testbed import MINI_TESTBED
 from trainer_node.cli import main
 
 pa = pytest.importorskip("pyarrow")
@@ -90,23 +91,6 @@ out_dir = "{tmp_path / 'run'}"
 {feedback_section(owner)}
 """)
     return config
-
-
-MINI_TESTBED = """
-name = "mini"
-seed = 3
-feedback_fraction = 0.5
-[[source]]
-task = "basic_arithmetic"
-domain = "add"
-size = 8
-config = { min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1, operators = ["+"] }
-[[target]]
-task = "basic_arithmetic"
-domain = "add"
-size = 4
-config = { min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 2, operators = ["+"] }
-"""
 
 
 def trained_with_feedback(tmp_path: Path) -> dict:
