@@ -8,8 +8,9 @@ import logging
 import pytest
 from pydantic import ValidationError
 
+from trainer_node.feedback.aggregation import AGGREGATIONS, AggregationOptions
 from trainer_node.feedback.context import FeedbackStats
-from trainer_node.feedback.owners import AGGREGATIONS, AggregationOptions, MultiOwnerFeedback, Owner
+from trainer_node.feedback.owners import MultiOwnerFeedback, Owner
 from trainer_node.feedback.pacing import BudgetPacer
 
 
