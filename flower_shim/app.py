@@ -71,9 +71,11 @@ def reply(message: Message, **values: Any) -> Message:
     return Message(RecordDict({wire.REPLY_RECORD: ConfigRecord(values)}), reply_to=message)
 
 
-def error_reply(message: Message, code: str, reason: str, text: str) -> Message:
-    return Message(RecordDict({wire.ERROR_RECORD: ConfigRecord({"code": code, "reason": reason, "message": text})}),
-                   reply_to=message)
+def error_reply(message: Message, code: str, reason: str, text: str, status: bytes = b"") -> Message:
+    """The owner's error as it sent it (code, ErrorInfo reason, message and its google.rpc.Status
+    trailer), or the shim's own refusal (no status)."""
+    return Message(RecordDict({wire.ERROR_RECORD: ConfigRecord(
+        {"code": code, "reason": reason, "message": text, "status": status})}), reply_to=message)
 
 
 def parse_evaluate_request(data: bytes) -> pb.EvaluateRequest:

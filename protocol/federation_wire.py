@@ -35,7 +35,7 @@ REQUEST_RECORDS: dict[str, dict[str, str]] = {
 TENSOR_META_KEY = "__tensors__"   # in "files": JSON {weights file: {"metadata", "tensors": {name: [dtype, shape]}}}
 EVALUATE_REQUEST_KEY = "evaluate_request"  # in "request": a serialized EvaluateRequest
 REPLY_RECORD = "reply"            # ConfigRecord: "response" (serialized reply) or "checkpoint_id"
-ERROR_RECORD = "error"            # ConfigRecord: "code", "reason", "message" (the owner's, verbatim)
+ERROR_RECORD = "error"            # ConfigRecord: "code", "reason", "message", "status" (the owner's, verbatim)
 
 # safetensors dtype -> the numpy dtype its bytes travel as (BF16: the bit pattern as uint16)
 STORAGE_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "uint16", "I64": "int64",

@@ -91,10 +91,17 @@ class PublicOwnerClient:
         return self._stub.UploadCheckpoint(requests(), timeout=self.settings.deadline_s).checkpoint_id
 
 
-def describe_error(error: grpc.RpcError) -> tuple[str, str, str]:
-    """(status code name, ErrorInfo reason or "", details): what the owner's server sent, verbatim."""
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+def describe_error(error: grpc.RpcError) -> tuple[str, str, str, bytes]:
+    """(status code name, ErrorInfo reason or "", details, the google.rpc.Status trailer or b""):
+    what the owner's server sent, verbatim."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    return code.name, errors.reason_of(error) or "", (error.details() or "") if hasattr(error, "details") else ""
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    status = next((value for key, value in trailing or () if key == STATUS_DETAILS_KEY), b"")
+    return (code.name, errors.reason_of(error) or "", (error.details() or "") if hasattr(error, "details") else "",
+            status if isinstance(status, bytes) else b"")
 
 
 def _sha256(path: Path) -> str:
