@@ -35,6 +35,7 @@ from protocol.public_client import PublicClientSettings, PublicOwnerClient, desc
 
 Resolver = Callable[[Context], tuple[str, PublicClientSettings]]
 REFUSED_REASON = "FEDERATION_MESSAGE_REFUSED"
+SHIM_FAILED_REASON = "FEDERATION_SHIM_FAILED"
 NODE_CONFIG_KEYS = ("owner-name", "owner-address", "owner-ca", "owner-cert", "owner-key", "owner-server-name")
 
 
@@ -122,6 +123,9 @@ def make_client_app(resolve: Resolver = settings_from_node_config) -> ClientApp:
                 return error_reply(message, grpc.StatusCode.INVALID_ARGUMENT.name, REFUSED_REASON, str(error))
             except grpc.RpcError as error:
                 return error_reply(message, *describe_error(error))
+            except Exception as error:  # noqa: BLE001 - a traceback would reach the trainer (and Ray's names paths)
+                return error_reply(message, grpc.StatusCode.INTERNAL.name, SHIM_FAILED_REASON,
+                                   f"the shim could not forward query.{action} ({type(error).__name__})")
 
         handle.__name__ = f"query_{action}"
         return handle

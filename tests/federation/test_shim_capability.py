@@ -159,3 +159,20 @@ def test_the_shim_runs_as_a_user_that_cannot_read_the_owners_data(owner, pki, da
     finally:
         os.chmod(data_dir, mode)
         shutil.rmtree(certs)
+
+
+def test_a_failure_inside_the_shim_carries_no_traceback_or_path(shim, owner):
+    """An upload whose tensor table names an array the message does not carry fails inside the
+    shim; the trainer gets the exception's type only, never a traceback or a local path."""
+    import json
+
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    table = {"model.safetensors": {"metadata": None, "tensors": {"w": ["F32", [2]]}}}
+    files = ConfigRecord({wire.TENSOR_META_KEY: json.dumps(table).encode(), "config.json": b"{}"})
+    refused = _refusal(_ask(shim, "upload", {"tensors": ArrayRecord({}), "files": files}))
+    assert refused["code"] == "INVALID_ARGUMENT" and "not in the arrays" in refused["message"]
+    bad = {wire.TENSOR_META_KEY: b"{\"model.safetensors\": {\"tensors\": {\"w\": 1}}}"}
+    failed = _refusal(_ask(shim, "upload", {"tensors": ArrayRecord({}), "files": ConfigRecord(bad)}))
+    assert failed["code"] == "INTERNAL" and failed["reason"] == "FEDERATION_SHIM_FAILED"
+    assert "Traceback" not in failed["message"] and "/" not in failed["message"]
