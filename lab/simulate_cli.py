@@ -29,6 +29,7 @@ examples:
   trainer-node simulate --method dapo --steps 20 --out runs/dapo
   trainer-node simulate --no-dp                           # exact releases (no DP noise)
   trainer-node simulate --config my.toml                  # your own config instead of the defaults
+  trainer-node simulate --owners 3 --testbed dataflex     # three owners (math, logic, text) over Flower
 methods: uniform, dapo, greso, ar3po, l2rr, and DataFlex-RL's mixtures static, reward_gap,
   dump_ucb, tscl (trainer_node/policies/); DataFlex-RL's selection rules difffilter, maxvar,
   gfpo, topk and reweighting rules ar, per, softmax, diffband, each on uniform sampling
@@ -55,6 +56,14 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path,
                         help="a TOML run config used instead of the embedded defaults (flags still apply)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--owners", type=int, default=1,
+                        help="N > 1: N target owners, each with its own target domain and owner process, over "
+                             "Flower's simulation runtime (the federation extra; docs/FLOWER.md). Default 1: one "
+                             "owner over direct gRPC")
+    parser.add_argument("--aggregation", help="with --owners: how the owners' releases combine (heldout_size, "
+                                              "mixture from [owners] in --config, per_owner)")
+    parser.add_argument("--learn-from", metavar="OWNER",
+                        help="with --owners: L2RR learns against this owner's target only (owner0, owner1, ...)")
     parser.set_defaults(run=run_simulate)
 
 
@@ -63,12 +72,21 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.method is not None and args.method not in known:
         raise SystemExit(f"trainer-node simulate: --method {args.method!r} is unknown; choose one of: {', '.join(known)}")
 
-    run_simulation(
-        SimulateOptions(
-            method=args.method, testbed=args.testbed, seed=args.seed, steps=args.steps, out=args.out,
-            no_dp=args.no_dp, config=args.config, progress=not args.no_progress,
-            # None: the simulation's own default (SimulateOptions.epsilon)
-            **({} if args.epsilon is None else {"epsilon": args.epsilon}),
-        )
+    options = SimulateOptions(
+        method=args.method, testbed=args.testbed, seed=args.seed, steps=args.steps, out=args.out,
+        no_dp=args.no_dp, config=args.config, progress=not args.no_progress,
+        # None: the simulation's own default (SimulateOptions.epsilon)
+        **({} if args.epsilon is None else {"epsilon": args.epsilon}),
     )
+    if args.owners < 1:
+        raise SystemExit("trainer-node simulate: --owners must be at least 1")
+    if args.owners == 1:
+        if args.aggregation or args.learn_from:
+            raise SystemExit("trainer-node simulate: --aggregation and --learn-from need --owners N with N > 1")
+        run_simulation(options)
+        return 0
+    from lab.federation import FederatedOptions, run_federated_simulation
+
+    run_federated_simulation(options, FederatedOptions(owners=args.owners, aggregation_name=args.aggregation,
+                                                       learn_from=args.learn_from))
     return 0

@@ -4,7 +4,8 @@ where the owner and the lab cannot be imported.
 - target_owner_node never imports trainer_node or lab;
 - trainer_node never imports target_owner_node or lab, except the one lazy entry to the lab's
   commands in trainer_node/cli.py (listed below);
-- protocol and rlvr_core import neither node nor the lab.
+- protocol and rlvr_core import neither node nor the lab;
+- flower_shim (the owner-side Flower ClientApp) imports neither node, the lab nor rlvr_core.
 Module-level and function-level imports both count, and so do importlib.import_module("...")
 calls with a literal name.
 """
@@ -27,6 +28,8 @@ FORBIDDEN = {
     "trainer_node": {"target_owner_node", "lab"},
     "protocol": NODES_AND_LAB,
     "rlvr_core": NODES_AND_LAB,
+    # the Flower shim runs at an owner as trainer-submitted code: the public client only (flower_shim/__init__.py)
+    "flower_shim": NODES_AND_LAB | {"rlvr_core"},
 }
 # (file, imported package): the only exceptions. trainer_node/cli.py loads the lab's `simulate`
 # and `bench` lazily, inside a function, and only when one of them runs.

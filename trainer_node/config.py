@@ -39,6 +39,7 @@ from rlvr_core.configuration import (
 )
 from rlvr_core.models.tiny_spec import TinyPolicySpec
 from rlvr_core.tasks.prompt_data import PromptSetSpec
+from trainer_node.feedback.aggregation import AggregationOptions
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.policies.options import PolicyOptions
 
@@ -321,6 +322,11 @@ class TrainConfig(Section):
     )
     selection: SelectionConfig = Field(
         default_factory=SelectionConfig, description="Checkpoint selection by feedback."
+    )
+    owners: AggregationOptions | None = Field(
+        default=None, description="Several target owners (`simulate --owners N`, over Flower): how their "
+        "releases are combined (aggregation heldout_size | mixture | per_owner) and when an owner is dropped; "
+        "absent = heldout_size.",
     )
 
     @field_validator("policy", mode="wrap")

@@ -51,6 +51,8 @@ def simulate_command(run: PlannedRun, run_dir: Path, config_path: Path) -> list[
             "--no-progress"]
     if run.epsilon is not None:
         argv += ["--epsilon", repr(run.epsilon)]
+    if run.owners > 1:
+        argv += ["--owners", str(run.owners)]
     return argv + (["--no-dp"] if run.no_dp else [])
 
 

@@ -172,6 +172,9 @@ class BenchSpec(_Strict):
     """Pass --no-dp to every run (exact owner releases)."""
     epsilon: float | None = Field(default=None, gt=0)
     """The owner's total privacy budget per run (simulate --epsilon); None = simulate's default."""
+    owners: int = Field(default=1, ge=1)
+    """Target owners per run: > 1 runs `simulate --owners N` (Flower's simulation runtime, one owner
+    per target domain; a method picks its aggregation with config = { owners = {...} })."""
     workers: int | None = Field(default=None, ge=1)
     """Concurrent runs; default max(1, cpu_count // 2) (a run is two processes: trainer + owner)."""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -320,6 +323,7 @@ class PlannedRun:
     config: dict[str, Any]
     """The simulate config written for this run (no run.out_dir: the command's --out sets it)."""
     epsilon: float | None = None
+    owners: int = 1
 
     @property
     def testbed_key(self) -> str:
@@ -337,7 +341,8 @@ class PlannedRun:
         """sha256 of the canonical (sorted-key JSON) run inputs: config, seed, testbed, steps, DP, epsilon."""
         canonical = json.dumps(
             {"config": self.config, "policy": self.policy, "seed": self.seed, "testbed": self.testbed,
-             "steps": self.steps, "no_dp": self.no_dp, "epsilon": self.epsilon},
+             "steps": self.steps, "no_dp": self.no_dp, "epsilon": self.epsilon,
+             **({"owners": self.owners} if self.owners > 1 else {})},
             sort_keys=True, separators=(",", ":"),
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -400,5 +405,6 @@ def plan_runs(spec: BenchSpec) -> list[PlannedRun]:
                 runs.append(PlannedRun(
                     testbed=testbed, label=method.label, policy=method.policy, seed=seed, steps=spec.steps,
                     no_dp=spec.no_dp, config=run_config(spec, method, testbed, seed), epsilon=spec.epsilon,
+                    owners=spec.owners,
                 ))
     return runs

@@ -5,7 +5,7 @@ import warnings
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as target__feedback_dot_v1_dot_target__feedback__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
