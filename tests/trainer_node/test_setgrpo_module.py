@@ -91,6 +91,11 @@ def test_the_seam_applies_coefficients_before_the_selection_mask():
     factor = seams.token_factor(after)
     assert torch.equal((factor.sum(dim=1) > 0), after.keep)
     assert "setgrpo/recovery_s" in seams.metrics()
+    identity = UpdateSeams.from_settings(GRPOSettings(coefficients={**FAST, "geometry": "identity"}))
+    assert "group_geometry" not in identity.requires  # G = I: no geometry pass
+    from dataclasses import replace
+
+    assert identity.advantages(replace(inputs, group_geometry=None)).keep.shape == (inputs.size,)
 
 
 def test_setgrpo_trains_a_tiny_policy_with_a_noisy_grader(tmp_path):

@@ -75,6 +75,8 @@ class SetGrpo(CoefficientRule):
 
     def __init__(self, options: SetGrpoOptions):
         super().__init__(options)
+        if options.geometry == "identity":  # G = I needs no features: skip the geometry pass
+            self.requires = frozenset({"grader_scores"})
         window = options.calibration_window
         self.coverage_window: deque[float] = deque(maxlen=window)      # nonconformities R
         self.risk_window: deque[tuple[float, bool]] = deque(maxlen=window)  # (rho, reversed)
@@ -121,7 +123,8 @@ class SetGrpo(CoefficientRule):
     # -------------------------------------------------------------------- step
     def coefficients(self, inputs: UpdateInput) -> Coefficients:
         scores, features = inputs.grader_scores, (inputs.group_geometry or {}).get("features")
-        if scores is None or scores.shape[1] < self.grader_draws or features is None:
+        needs_features = "group_geometry" in self.requires
+        if scores is None or scores.shape[1] < self.grader_draws or (features is None and needs_features):
             raise ValueError(f"setgrpo needs {self.grader_draws} grader draws per rollout and the group geometry")
         # The same batch again (L2RR's lookahead builds it before the update does): same answer,
         # and the calibration windows see each held-back group once.
