@@ -186,7 +186,7 @@ class Simulation:
         }
         if cfg.data.train_on_feedback_split:
             summary["diagnostic"] = TARGET_MIX
-        rules = {seam: getattr(cfg.grpo, seam).name for seam in ("selection", "reweighting")
+        rules = {seam: getattr(cfg.grpo, seam).name for seam in ("coefficients", "selection", "reweighting")
                  if getattr(cfg.grpo, seam) is not None}
         if rules:
             summary["update_rules"] = rules

@@ -85,19 +85,22 @@ def score_rows(
     shape: FixedShape | None = None,
     *,
     score_fn: ScoreFn | None = None,
+    verifier: Any = None,
 ) -> np.ndarray:
     """Scores in [0, 1], shape (len(examples),), one generate call for all rows.
 
     `row_keys[r]` (see `rlvr_core.engines.sampling.row_key`) seeds row r's randomness, so a
     row's score never depends on which other rows are scored. `rendering`
     (rlvr_core.tasks.rendering; a plain prompt template string is accepted) turns each row into
-    the model input. `shape` (the owner) fixes every forward pass's shape. `score_fn` defaults to `rlvr_core.verifiers.score_example`.
+    the model input. `shape` (the owner) fixes every forward pass's shape. `score_fn` defaults to
+    each row's verifier, draw 0 of the response keyed (decoding.seed, row_keys[r], sample index):
+    `rlvr_core.verifiers.score_example` for an exact verifier, the row's own draw for a noisy one.
+    `verifier` (a Verifier) scores every row instead of its own, e.g. the owner's noisy feedback
+    grader on top of each row's exact verifier.
     Raises only for wrong arguments (ValueError naming the field) and for failures of the
     batched forward pass.
     """
     rendering = as_rendering(rendering)
-    if score_fn is None:
-        from rlvr_core.verifiers import score_example as score_fn
     if len(row_keys) != len(examples):
         raise ValueError(f"row_keys has {len(row_keys)} entries for {len(examples)} examples; pass one per example")
     if not examples:
@@ -108,8 +111,29 @@ def score_rows(
     )
     scores = np.zeros(len(examples))
     for row, (example, samples) in enumerate(zip(examples, generations)):
-        scores[row] = _row_score(samples, example, score_fn)
+        scorer = _keyed_scorer(decoding.seed, row_keys[row], verifier) if score_fn is None else _unkeyed(score_fn)
+        scores[row] = _row_score(samples, example, scorer)
     return scores
+
+
+SampleScoreFn = Callable[[str, Example, int], float]
+"""(text, example, sample index) -> score."""
+
+
+def _unkeyed(score_fn: ScoreFn) -> SampleScoreFn:
+    return lambda text, example, _sample: score_fn(text, example)
+
+
+def _keyed_scorer(seed: int, key: int, verifier: Any = None) -> SampleScoreFn:
+    """Draw 0 of each sample of one row under `verifier` or its own, keyed by (seed, row key, sample)."""
+    from rlvr_core.verifiers.base import get_verifier, score_draws_safely
+    from rlvr_core.verifiers.draws import DrawKey
+
+    def score(text: str, example: Example, sample: int) -> float:
+        chosen = verifier if verifier is not None else get_verifier(example.verifier)
+        return score_draws_safely(chosen, text, example, DrawKey(seed, key, sample), 1)[0]
+
+    return score
 
 
 def _render_or_empty(rendering: Rendering, example: Example) -> str:
@@ -120,12 +144,12 @@ def _render_or_empty(rendering: Rendering, example: Example) -> str:
         return ""
 
 
-def _row_score(samples: Sequence[Any], example: Example, score_fn: ScoreFn) -> float:
+def _row_score(samples: Sequence[Any], example: Example, score_fn: SampleScoreFn) -> float:
     """Mean clamped score of one row's samples; 0 for a placeholder row or any failure."""
     try:
         if not samples or not all(sample.encoded for sample in samples):
             return 0.0
-        values = [float(score_fn(sample.text, example)) for sample in samples]
+        values = [float(score_fn(sample.text, example, k)) for k, sample in enumerate(samples)]
         values = [min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0 for value in values]
         return sum(values) / len(values)
     except Exception:  # noqa: BLE001 - never raised, never logged: the text could quote data

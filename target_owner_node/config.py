@@ -30,7 +30,7 @@ from rlvr_core.configuration import (
 )
 from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
 from rlvr_core.tasks.rendering import CHAT_FORMATS, Rendering, RenderingError, read_chat_template
-from rlvr_core.verifiers import verifier_names
+from rlvr_core.verifiers import get_verifier, verifier_names
 
 PER_EXAMPLE = "per_example"
 STATE_MARKER_NAME = ".target-owner-node-state.json"  # see target_owner_node.state_marker
@@ -81,7 +81,14 @@ class DataConfig(Section):
     verifier: str = Field(
         default="per_example",
         description="'per_example' (each row names its verifier) or one registered verifier applied to every "
-        "row: a built-in or an installed plug-in (entry-point group target_feedback.verifiers).",
+        "row: a built-in or an installed plug-in (entry-point group target_feedback.verifiers). An exact one: "
+        "the test split is always scored exactly.",
+    )
+    feedback_verifier: str | None = Field(
+        default=None,
+        description="The held-out (feedback) split's verifier when it differs from `verifier`, e.g. a noisy "
+        "grader ('noisy_flip', 'partial_checks': rlvr_core/verifiers/noisy.py) whose draws are keyed by "
+        "(seed, row, sample); None: `verifier`. Private: GetInfo declares `verifier`.",
     )
 
     _chat_template: str = PrivateAttr(default="")
@@ -131,6 +138,16 @@ class DataConfig(Section):
         choices = [PER_EXAMPLE, *verifier_names()]
         if v not in choices:
             raise ValueError(f"must be one of {', '.join(choices)}; got {v!r}")
+        if v != PER_EXAMPLE and get_verifier(v).noisy:
+            raise ValueError(f"{v!r} is a noisy grader and the test split is always scored exactly; name an exact "
+                             "verifier here and the noisy one in data.feedback_verifier")
+        return v
+
+    @field_validator("feedback_verifier")
+    @classmethod
+    def _feedback_verifier(cls, v: str | None) -> str | None:
+        if v is not None and v not in verifier_names():
+            raise ValueError(f"must be a registered verifier ({', '.join(verifier_names())}) or unset; got {v!r}")
         return v
 
     @field_validator("test_domains")

@@ -101,6 +101,7 @@ def worker_spec(config: OwnerConfig) -> WorkerSpec:
         task_description=data.task_description,
         chat_template=rendering.chat_template,
         chat_format=rendering.chat_format,
+        feedback_verifier=data.feedback_verifier or "",
     )
 
 

@@ -58,6 +58,7 @@ class WorkerSpec:
     task_description: str = ""
     chat_template: str = ""  # the owner's chosen chat template (config data.chat_format / chat_template_path)
     chat_format: str = ""
+    feedback_verifier: str = ""  # the feedback split's verifier when it differs (config data.feedback_verifier)
 
     @property
     def rendering(self):
@@ -139,6 +140,7 @@ def score_split(engine: Any, spec: WorkerSpec, split: Split, indices: list[int],
         settings,
         row_keys=[split.keys[i] for i in indices],
         shape=evaluation_shape(spec, engine, settings.max_new_tokens),
+        verifier=split.verifier,
     )
 
 
@@ -172,14 +174,20 @@ class Split:
 
     examples: list
     keys: list[int]
+    verifier: Any = None  # scores every row instead of its own (data.feedback_verifier), or None
 
 
-def _load(path: Path, verifier: str) -> Split:
+def _load(path: Path, verifier: str, scored_by: str = "") -> Split:
     from rlvr_core.engines.sampling import row_key
     from target_owner_node.heldout import load_split
 
     examples = load_split(path, verifier)
-    return Split(examples, [row_key(example.id) for example in examples])
+    override = None
+    if scored_by:  # data.feedback_verifier: on top of each row's own (exact) verifier
+        from rlvr_core.verifiers.base import get_verifier
+
+        override = get_verifier(scored_by)
+    return Split(examples, [row_key(example.id) for example in examples], override)
 
 
 def worker_main(conn: Any, spec: WorkerSpec) -> None:
@@ -193,7 +201,7 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
         torch.set_num_threads(1)
 
     try:
-        splits = {"feedback": _load(spec.heldout_path, spec.verifier)}
+        splits = {"feedback": _load(spec.heldout_path, spec.verifier, spec.feedback_verifier)}
         if spec.test_path is not None:
             splits["test"] = _load(spec.test_path, spec.verifier)
     except Exception:  # noqa: BLE001 - reported as a kind; the text could quote data

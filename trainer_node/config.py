@@ -107,6 +107,13 @@ class DataConfig(Section):
         default=64, ge=0, description="Source examples held out of the training pool for `train`'s local "
         "eval (0 = none)."
     )
+    grader: Literal["testbed", "exact"] | dict[str, Any] = Field(
+        default="testbed",
+        description="What rewards rollouts. testbed: the testbed's declared source grader (its grader noise; "
+        "each row's exact verifier when it declares none); exact: each row's exact verifier (the noise-free "
+        "ceiling); or a noisy verifier, e.g. { name = \"noisy_flip\", flip_rate = 0.2 } (rlvr_core/verifiers/"
+        "noisy.py).",
+    )
     train_on_feedback_split: bool = Field(
         default=False,
         description="The \"target-mix\" diagnostic (simulate only): add the owner's feedback split to the "
@@ -122,6 +129,15 @@ class DataConfig(Section):
         if testbed in testbed_names():
             return testbed
         return str(resolve_config_path(Path(testbed), info))  # a testbed file is an input: beside the config
+
+    @field_validator("grader")
+    @classmethod
+    def _grader(cls, grader: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(grader, dict):
+            from rlvr_core.verifiers.base import make_verifier
+
+            make_verifier(grader)  # a ValidationError located at the bad option: data.grader.<option>
+        return grader
 
     @field_validator("prompt_template")
     @classmethod

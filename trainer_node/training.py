@@ -161,6 +161,17 @@ def resolve_model_dir(model: ModelConfig, train_examples: tuple[Example, ...], r
     return Path(build_tiny_policy(model.tiny_spec, texts, pairs, model.cache_dir))  # typed at config load
 
 
+def source_grader(choice: str | dict[str, Any], testbed: Any) -> Any:
+    """data.grader: the grader of the rollouts, or None (each row's verifier, one score)."""
+    from rlvr_core.verifiers.graders import make_grader
+
+    if isinstance(choice, dict):
+        return make_grader(choice)
+    if choice == "testbed" and testbed is not None and testbed.source_grader is not None:
+        return make_grader(testbed.source_grader)
+    return None
+
+
 def load_model(model_dir: Path, device: str, dtype_name: str) -> tuple[Any, Any]:
     """The trainer's own model folder (the looser rule); its refusals are config errors naming model.path."""
     from rlvr_core.models.loading import UnsafeCheckpointError
@@ -223,6 +234,7 @@ def build_training(
         policy = build_policy(config.policy, pool, np.random.default_rng(config.run.seed))
     except ValueError as error:  # what only the pool can tell, e.g. oracle weights naming unknown domains
         raise ConfigError(f"policy: {error}") from None
+    grader = source_grader(config.data.grader, source.testbed) if reward_fn is None else None
     if reward_fn is None:
         from rlvr_core.verifiers import score_example as reward_fn
     trainer = GRPOTrainer(
@@ -240,6 +252,7 @@ def build_training(
         device=config.run.device,
         feedback=feedback,
         on_step_end=on_step_end,
+        grader=grader,
     )
     return TrainingSetup(config, source.testbed, data, template, pool, eval_examples, model_dir, model, tokenizer,
                          engine, policy, trainer, rendering)

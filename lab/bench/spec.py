@@ -43,7 +43,7 @@ _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # (A policy's own options come from the method's `options`; `config` may set only the batch
 # shape every policy shares, see _check_overrides.)
 _BENCH_OWNED = {("policy", "name"), ("data", "testbed"), ("run", "seed"), ("run", "steps"),
-                ("run", "out_dir"), ("grpo", "selection"), ("grpo", "reweighting")}
+                ("run", "out_dir"), ("grpo", "selection"), ("grpo", "reweighting"), ("grpo", "coefficients")}
 # The DataFlex-RL intervention families (seed 001) a method row can belong to.
 FAMILIES = ("selection", "reweighting", "mixture")
 
@@ -76,6 +76,9 @@ class MethodSpec(_Strict):
     options; it becomes the run's grpo.selection."""
     reweighting: str | dict[str, Any] | None = None
     """A registered reweighting rule (ar, per, softmax, diffband) or a table; the run's grpo.reweighting."""
+    coefficients: str | dict[str, Any] | None = None
+    """A registered coefficient module (setgrpo, docs/SETGRPO.md) or a table with its options (an
+    ablation: { name = "setgrpo", set_shape = "sphere" }); the run's grpo.coefficients."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra simulate-config overrides as nested tables, e.g. {grpo = {lr = 1e-4}}."""
     group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
@@ -111,7 +114,7 @@ class MethodSpec(_Strict):
         parse_policy_options({**options, "name": policy})  # errors read methods[i].options.<key>
         return options
 
-    @field_validator("selection", "reweighting")
+    @field_validator("selection", "reweighting", "coefficients")
     @classmethod
     def _registered_rule(cls, value: str | dict[str, Any] | None, info: ValidationInfo) -> Any:
         if value is None:
@@ -130,7 +133,7 @@ class MethodSpec(_Strict):
     def rule_tables(self) -> dict[str, dict[str, Any]]:
         """The run's grpo.selection / grpo.reweighting tables (only those this method sets)."""
         tables = {}
-        for seam in ("selection", "reweighting"):
+        for seam in ("coefficients", "selection", "reweighting"):
             value = getattr(self, seam)
             if value is not None:
                 tables[seam] = {"name": value} if isinstance(value, str) else json.loads(json.dumps(value))

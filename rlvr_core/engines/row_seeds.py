@@ -33,6 +33,13 @@ def row_seed(seed: int, key: int) -> int:
     return _hash63(f"{seed}:{key}")
 
 
+def draw_seed(seed: int, key: int, sample: int, draw: int) -> int:
+    """The seed of one grader draw: a hash of (request seed, row key, sample index, draw index),
+    63 bits. A noisy verifier's randomness (rlvr_core/verifiers/noisy.py) comes only from here,
+    so a replay scores the same and a row's scores never depend on which other rows are scored."""
+    return _hash63(f"draw:{seed}:{key}:{sample}:{draw}")
+
+
 def resolve_row_keys(row_keys: Sequence[int] | None, num_prompts: int) -> list[int]:
     """The keys to use: `row_keys` checked, or positional keys 0..n-1 when None.
 

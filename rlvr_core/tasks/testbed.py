@@ -154,6 +154,11 @@ class TestbedSpec(BaseModel):
     SFT data then differs from the RL prompts: GRPO cannot just sharpen answers it memorised."""
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     """How prompts are rendered for the model (must contain "{prompt}" once)."""
+    source_grader: dict[str, Any] | None = None
+    """The grader noise of the source: a noisy verifier that rewards the trainer's rollouts
+    instead of each row's exact one, e.g. `source_grader = { name = "noisy_flip", flip_rate = 0.2 }`
+    (rlvr_core/verifiers/noisy.py; its options are checked here). None: the exact verifier. The
+    owner's held-out rows and the final test always keep their exact verifier."""
     summaries: dict[str, list[str]] = Field(default_factory=dict)
     """Named subsets of the target's benchmarks (target `domain`s), each summarised by the mean of
     its benchmarks' accuracies beside the domain-balanced average, e.g. DataFlex's math-heavy
@@ -163,6 +168,20 @@ class TestbedSpec(BaseModel):
     @classmethod
     def _valid_template(cls, template: str) -> str:
         return validate_template(template)
+
+    @field_validator("source_grader")
+    @classmethod
+    def _known_grader(cls, grader: dict[str, Any] | None) -> dict[str, Any] | None:
+        if grader is None:
+            return None
+        from rlvr_core.verifiers.base import make_verifier
+
+        try:
+            make_verifier(grader)
+        except ValidationError as error:
+            item = error.errors()[0]
+            raise ValueError(f"{_field_path(item['loc'])}: {item['msg']}") from None
+        return grader
 
     @field_validator("summaries")
     @classmethod

@@ -20,9 +20,12 @@ import logging
 import math
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from protocol.plugins import Registry, subclass_entries
 from rlvr_core.tasks.example import Example
+from rlvr_core.verifiers.draws import DrawKey
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +67,25 @@ class Verifier(ABC):
 
     name: str = ""
     info_kind: str = "VERIFIER_KIND_NAMED"
+    noisy: ClassVar[bool] = False
+    """True for a verifier whose draws can differ (rlvr_core/verifiers/noisy.py): an owner's test
+    split, the final evaluation, must never use one."""
+
+    def __init__(self, options: Any = None):
+        self.options = options  # the registered options model's instance (None for a plain verifier)
 
     @abstractmethod
     def score(self, completion: str, example: Example) -> float:
         """Return a score in [0, 1] for `completion` (the raw generated text) on `example`."""
+
+    def score_draws(self, completion: str, example: Example, key: DrawKey, draws: int) -> tuple[float, ...]:
+        """`draws` independent scores of one response (the several-scores interface, issue 19).
+
+        `key` names the response: (seed, row key, sample index); draw d's randomness may depend
+        only on (key, d) (rlvr_core.engines.row_seeds.draw_seed). The default adapter serves
+        every verifier that returns one score: it is deterministic, so each draw is that score.
+        """
+        return (self.score(completion, example),) * draws
 
     def check_example(self, example: Example) -> None:
         """Raise ValueError when this verifier can never score `example` (a data error).
@@ -82,6 +100,7 @@ def _import_builtin_verifiers() -> None:
     # libraries (math-verify/sympy, reasoning-gym) load only when a verifier first scores.
     import rlvr_core.verifiers.exact_match  # registers "exact_match"
     import rlvr_core.verifiers.math_verify  # registers "math_verify"
+    import rlvr_core.verifiers.noisy  # registers "noisy_flip", "stochastic_grader", "partial_checks"
     import rlvr_core.verifiers.reasoning_gym  # noqa: F401  (registers "reasoning_gym")
 
 
@@ -90,6 +109,28 @@ VERIFIERS: Registry[type[Verifier]] = Registry(
 )
 # One shared instance per registered class (verifiers are stateless).
 _INSTANCES: dict[type[Verifier], Verifier] = {}
+
+
+def make_verifier(spec: str | Mapping[str, Any]) -> Verifier:
+    """A verifier built from a spec: a registered name, or a table `{ name = "noisy_flip",
+    flip_rate = 0.2 }` whose other keys are typed by the verifier's registered options model.
+    Raises pydantic.ValidationError located at the bad option (`flip_rate`, `name`, ...)."""
+    from rlvr_core.configuration import field_error, validate_options
+
+    raw: dict[str, Any] = {"name": spec} if isinstance(spec, str) else dict(spec)
+    name = raw.get("name")
+    if not isinstance(name, str) or name not in VERIFIERS:
+        raise field_error("VerifierSpec", ("name",), "unknown_entry",
+                          f"unknown verifier {name!r}; known: {', '.join(verifier_names())}", name)
+    cls = VERIFIERS.get(name)
+    model = VERIFIERS.options_model(name)
+    if model is None:
+        extra = sorted(k for k in raw if k != "name")
+        if extra:
+            raise field_error("VerifierSpec", (extra[0],), "unknown_option",
+                              f"verifier {name!r} takes no options", raw[extra[0]])
+        return get_verifier(name)
+    return cls(validate_options(model, raw, part=f"verifier {name!r}"))
 
 
 def verifier_names() -> list[str]:
@@ -102,7 +143,8 @@ def get_verifier(name: str) -> Verifier:
     cls = VERIFIERS.get(name)
     instance = _INSTANCES.get(cls)
     if instance is None:
-        instance = _INSTANCES[cls] = cls()
+        model = VERIFIERS.options_model(name)  # a verifier with options gets their defaults
+        instance = _INSTANCES[cls] = cls() if model is None else cls(model(name=name))
     return instance
 
 
@@ -130,6 +172,20 @@ def clamp_score(value: float) -> float:
     if math.isnan(value):
         return 0.0
     return min(1.0, max(0.0, value))
+
+
+def score_draws_safely(verifier: Verifier, completion: str, example: Example, key: DrawKey,
+                       draws: int) -> tuple[float, ...]:
+    """`verifier.score_draws`, each clamped to [0, 1]; any failure scores every draw 0 (the rule
+    of `score_example`), a wrong count of draws too."""
+    try:
+        values = tuple(clamp_score(float(v)) for v in verifier.score_draws(completion, example, key, draws))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - arbitrary model output scores 0
+        logger.debug("verifier %s raised %s; scored 0", verifier.name, type(error).__name__)
+        return (0.0,) * draws
+    return values if len(values) == draws else (0.0,) * draws
 
 
 def check_examples(examples: list[Example]) -> None:

@@ -51,8 +51,11 @@ def test_extract_answer_tolerates_non_strings():
     assert extract_answer(None) == ""  # type: ignore[arg-type]
 
 
+BUILTIN = ["exact_match", "math_verify", "noisy_flip", "partial_checks", "reasoning_gym", "stochastic_grader"]
+
+
 def test_builtin_verifiers_are_registered():
-    assert verifier_names() == ["exact_match", "math_verify", "reasoning_gym"]
+    assert verifier_names() == BUILTIN
     for name in verifier_names():
         verifier = get_verifier(name)
         assert verifier.name == name
@@ -60,7 +63,8 @@ def test_builtin_verifiers_are_registered():
 
 
 def test_unknown_verifier_lists_known_names():
-    with pytest.raises(ValueError, match="unknown verifier 'nope'; known: exact_match, math_verify, reasoning_gym"):
+    with pytest.raises(ValueError, match="unknown verifier 'nope'; known: exact_match, math_verify, noisy_flip, "
+                       "partial_checks, reasoning_gym, stochastic_grader"):
         get_verifier("nope")
     with pytest.raises(ValueError, match="unknown verifier"):
         score_example("1", Example("a", "p", "1", verifier="nope"))
@@ -92,7 +96,7 @@ def test_duplicate_and_invalid_registrations_are_rejected(scratch_registry):
         scratch_registry.register("mine")(Misnamed)
     with pytest.raises(TypeError, match="not a subclass of Verifier"):
         scratch_registry.register("object")(object)
-    assert verifier_names() == ["exact_match", "math_verify", "reasoning_gym"]
+    assert verifier_names() == BUILTIN
 
 
 @pytest.fixture
@@ -125,7 +129,7 @@ def acme_plugin(tmp_path, monkeypatch, scratch_registry):
 
 
 def test_a_third_party_verifier_arrives_through_its_entry_point(acme_plugin, tmp_path):
-    assert verifier_names() == ["acme_digit_sum", "exact_match", "math_verify", "reasoning_gym"]
+    assert verifier_names() == ["acme_digit_sum", *BUILTIN]
     verifier = get_verifier("acme_digit_sum")
     assert verifier.name == "acme_digit_sum" and type(verifier).__module__ == "acme_verifiers"
     assert "entry point acme_verifiers:DigitSumVerifier" in base.VERIFIERS.entry("acme_digit_sum").source

@@ -138,7 +138,12 @@ def test_a_rule_that_returns_the_wrong_shape_or_a_negative_weight_is_named():
         UpdateSeams(selection=Short(UpdateRuleOptions(name="short"))).token_factor(inputs)
 
 
-def test_a_rule_needing_an_input_the_trainer_does_not_provide_is_refused_when_built():
+def test_a_rule_needing_an_input_the_trainer_does_not_provide_is_refused_when_built(monkeypatch):
+    import trainer_node.grpo.update_seam as seam_module
+
+    # The trainer provides all three optional inputs since issue 19; pretend one that does not.
+    monkeypatch.setattr(seam_module, "PROVIDED_BY_TRAINER", frozenset({"token_logprobs"}))
+
     class Coefficients(ReweightingRule):  # SetGRPO-shaped: needs grader scores and gradient geometry
         requires: ClassVar[frozenset[str]] = frozenset({"grader_scores", "group_geometry"})
 
@@ -150,8 +155,6 @@ def test_a_rule_needing_an_input_the_trainer_does_not_provide_is_refused_when_bu
 
     registry = REWEIGHTINGS.copy()
     registry.add("coefficients", Coefficients, options=CoefficientOptions)
-    import trainer_node.grpo.update_seam as seam_module
-
     original = seam_module.SEAMS["reweighting"]
     seam_module.SEAMS["reweighting"] = registry
     try:

@@ -107,6 +107,7 @@ class FlatRollouts:
     group_ids: torch.Tensor   # (N,) long, position of the group in the list
     prompt_ids: list[tuple[int, ...]]
     completion_ids: list[tuple[int, ...]]
+    grader_scores: torch.Tensor | None = None  # (N, J) float64 when every rollout has J >= 1 draws
 
 
 def flatten_groups(groups: Sequence[Group]) -> FlatRollouts:
@@ -120,11 +121,15 @@ def flatten_groups(groups: Sequence[Group]) -> FlatRollouts:
             group_ids.append(position)
             prompts.append(tuple(rollout.prompt_ids))
             completions.append(tuple(rollout.completion_ids))
+    draws = [rollout.scores for group in groups for rollout in group.rollouts]
+    widths = {len(d) for d in draws}
     return FlatRollouts(
         rewards=torch.tensor(rewards, dtype=torch.float64),
         group_ids=torch.tensor(group_ids, dtype=torch.long),
         prompt_ids=prompts,
         completion_ids=completions,
+        grader_scores=torch.tensor(draws, dtype=torch.float64) if draws and widths != {0} and len(widths) == 1
+        else None,
     )
 
 

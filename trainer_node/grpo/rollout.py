@@ -14,10 +14,13 @@ import numpy as np
 
 from rlvr_core.engines.base import GenerationEngine, SamplingParams
 from rlvr_core.tasks.example import Example
+from rlvr_core.verifiers.draws import DrawKey
 from trainer_node.policies.base import Group, Rollout, RolloutRequest, SourcePool
 
 RenderFn = Callable[[Example], str]
 RewardFn = Callable[[str, Example], float]
+GraderFn = Callable[[str, Example, DrawKey, int], tuple[float, ...]]
+"""(completion, example, key, draws) -> `draws` grader scores (rlvr_core/verifiers/graders.py)."""
 
 
 def generation_seed(run_seed: int, step: int, round_index: int, n: int) -> int:
@@ -47,10 +50,14 @@ def rollout_groups(
     round_index: int,
     overlong_buffer: int = 0,
     overlong_penalty_factor: float = 1.0,
+    grader: GraderFn | None = None,
+    draws: int = 1,
 ) -> list[Group]:
     """Generate request.num_rollouts completions per request and score each one.
 
-    Returns one Group per request, in request order.
+    With a `grader`, each rollout gets `draws` grader scores keyed by (generation seed, row key
+    of the example id, sample index) and its reward is draw 0 (plus shaping); `reward_fn` is
+    then unused. Returns one Group per request, in request order.
     """
     by_n: dict[int, list[int]] = defaultdict(list)  # n -> positions in `requests`
     for position, request in enumerate(requests):
@@ -73,16 +80,21 @@ def rollout_groups(
         outputs = engine.generate([render(e) for e in examples], n, seeded)
         for position, example, generations in zip(positions, examples, outputs):
             rollouts = []
-            for gen in generations:
+            for sample, gen in enumerate(generations):
                 shaping = overlong_penalty(
                     len(gen.completion_ids), params.max_new_tokens, overlong_buffer, overlong_penalty_factor
                 )
+                scores: tuple[float, ...] = ()
+                if grader is not None:
+                    scores = tuple(grader(gen.text, example, DrawKey.of(seeded.seed, example.id, sample), draws))
+                base = scores[0] if scores else float(reward_fn(gen.text, example))
                 rollouts.append(
                     Rollout(
                         text=gen.text,
-                        reward=float(reward_fn(gen.text, example)) + shaping,
+                        reward=float(base) + shaping,
                         prompt_ids=tuple(gen.prompt_ids),
                         completion_ids=tuple(gen.completion_ids),
+                        scores=scores,
                     )
                 )
             index = requests[position].index

@@ -80,6 +80,12 @@ class GRPOSettings(Section):
         "(trainer_node.grpo.update_rules: difffilter, maxvar, gfpo, topk) typed by its options. None: "
         "every response.",
     )
+    coefficients: SerializeAsAny[UpdateRuleOptions] | None = Field(
+        default=None,
+        description="The end of the advantage stage, before the seams: a registered coefficient module that "
+        "recalibrates the training coefficients, e.g. { name = \"setgrpo\", beta = 0.08 } (SetGRPO for noisy "
+        "graders, docs/SETGRPO.md; its ablations are options). None: the estimator's advantages.",
+    )
     reweighting: SerializeAsAny[UpdateRuleOptions] | None = Field(
         default=None,
         description="Update seam 2, after the selection mask: per-response or per-token loss weights, "
@@ -87,7 +93,7 @@ class GRPOSettings(Section):
         "softmax, diffband). None: weight 1.",
     )
 
-    @field_validator("selection", "reweighting", mode="wrap")
+    @field_validator("selection", "reweighting", "coefficients", mode="wrap")
     @classmethod
     def _typed_rule(cls, value: Any, handler: Any, info: ValidationInfo) -> UpdateRuleOptions | None:
         # Keyed on `name`: the seam's registry (plug-ins included) says which options model applies.

@@ -25,6 +25,7 @@ import torch
 from rlvr_core.engines.base import GenerationEngine, SamplingParams
 from trainer_node.grpo.advantages import AdvantageInput, compute_advantages
 from trainer_node.grpo.batch import PolicyBatch, collate, flatten_groups
+from trainer_node.grpo.geometry import head_features
 from trainer_node.grpo.logprobs import token_logprobs
 from trainer_node.grpo.lookahead import (
     LookaheadHyper,
@@ -33,7 +34,7 @@ from trainer_node.grpo.lookahead import (
     stepped_state_dict,
 )
 from trainer_node.grpo.losses import get_loss
-from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
+from trainer_node.grpo.rollout import GraderFn, RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.grpo.update_seam import UpdateSeams, nothing_kept, seam_metrics
 from trainer_node.policies.base import (
@@ -69,6 +70,7 @@ class GRPOTrainer:
         device: str | torch.device = "cpu",
         feedback: FeedbackContext | None = None,
         on_step_end: StepCallback | None = None,
+        grader: GraderFn | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -85,6 +87,11 @@ class GRPOTrainer:
         self.loss_fn = get_loss(settings.loss)
         self.lookahead_step = get_lookahead_optimizer(settings.lookahead)
         self.update_seams = UpdateSeams.from_settings(settings)  # identity unless grpo.selection / reweighting
+        if grader is None and self.update_seams.grader_draws > 1:  # one-score reward: every draw equal
+            from rlvr_core.verifiers.graders import repeat_reward
+
+            grader = repeat_reward(reward_fn)
+        self.grader = grader  # several grader draws per rollout (noisy graders, SetGRPO); None: reward_fn
         self.pad_id = _pad_id(tokenizer)
         self.model.eval()  # no dropout: see module docstring
         self.ref_model = _frozen_copy(model) if settings.loss_settings.kl_coef > 0 else None
@@ -141,6 +148,8 @@ class GRPOTrainer:
             round_index=round_index,
             overlong_buffer=s.overlong_buffer,
             overlong_penalty_factor=s.overlong_penalty_factor,
+            grader=self.grader,
+            draws=self.update_seams.grader_draws,
         )
 
     # ------------------------------------------------------- advantage -> loss
@@ -153,7 +162,8 @@ class GRPOTrainer:
             AdvantageInput(rewards=flat.rewards, group_ids=flat.group_ids, eps=self.settings.adv_eps),
         )
         batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
-        batch = self.update_seams.weigh(batch, flat.rewards, self._rollout_logprobs)
+        batch = self.update_seams.weigh(batch, flat.rewards, self._rollout_logprobs, flat.grader_scores,
+                                        self._response_features)
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, batch, self.sampling.temperature)
@@ -164,6 +174,10 @@ class GRPOTrainer:
         """Token log-probs of the policy that generated the rollouts (on-policy: the live model)."""
         with torch.no_grad():
             return token_logprobs(self.model, batch, self.sampling.temperature)[0]
+
+    def _response_features(self, batch: PolicyBatch) -> torch.Tensor:
+        """Per-response LM-head gradient features: the update geometry (grpo/geometry.py)."""
+        return head_features(self.model, batch, self.sampling.temperature)
 
     def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs, entropy = token_logprobs(self.model, micro, self.sampling.temperature, with_entropy)
@@ -180,7 +194,7 @@ class GRPOTrainer:
         s = self.settings
         batch = self.build_batch(groups)
         if nothing_kept(batch):  # a zero gradient would still move AdamW's momentum: skip instead
-            return {**self._skipped_update(self.step_index), **seam_metrics(batch)}
+            return {**self._skipped_update(self.step_index), **seam_metrics(batch), **self.update_seams.metrics()}
         if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
             with torch.no_grad():
                 old, _ = token_logprobs(self.model, batch, self.sampling.temperature)
@@ -214,6 +228,7 @@ class GRPOTrainer:
         out["adv_abs_mean"] = float(batch.advantages.abs().mean())
         out["train_rollouts"] = float(batch.size)
         out.update(seam_metrics(batch))
+        out.update(self.update_seams.metrics())
         return out
 
     def _skipped_update(self, step: int) -> dict[str, float]:

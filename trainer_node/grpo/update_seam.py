@@ -1,16 +1,21 @@
 """The two update seams inside a GRPO step: which responses enter the update, and how much
 each of their tokens counts (DataFlex-RL's selection and reweighting families, seed 001).
 
-    advantages -> selection mask m_gk -> weights w_gkl -> loss        (the order is fixed)
+    advantages [-> coefficients] -> selection mask m_gk -> weights w_gkl -> loss   (the order is fixed)
 
     L_sel = 1/(GK) sum_g sum_k  m_gk / L_gk  sum_l  loss_gkl           DataFlex Eq. 1
     L_rew = 1/(GK) sum_g sum_k     1 / L_gk  sum_l  w_gkl loss_gkl     DataFlex Eq. 2
 
 Both seams see the same typed input, `UpdateInput`: rewards, advantages, group ids, response
 lengths and the completion mask, the selection mask so far, and optional inputs a rule asks
-for by name in `requires` (token log-probabilities today; several grader scores per rollout
-and per-group gradient geometry are reserved for SetGRPO's coefficient module, issue 19,
-which plugs in here as a reweighting rule instead of adding a third seam).
+for by name in `requires`: token log-probabilities, several grader scores per rollout, and
+per-response gradient features (the local update geometry).
+
+The advantage stage may end with a coefficient module (`grpo.coefficients`, registry
+COEFFICIENTS): SetGRPO (issue 19, docs/SETGRPO.md) replaces the estimator's advantages with
+calibrated, recovered coefficients and marks the groups it holds back for calibration or
+rejects as not kept; the selection and reweighting rules then see those coefficients and that
+mask. It is part of the advantage step, not a third seam: one typed input, one order.
 
 - A selection rule returns a keep mask (N,) bool: m_gk.
 - A reweighting rule returns weights >= 0, per response (N,) or per token (N, T): w_gkl, up to
@@ -33,9 +38,10 @@ select it with `grpo.selection = { name = "mine", ... }` (plug-ins: entry points
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -47,7 +53,7 @@ from trainer_node.grpo.update_options import UpdateRuleOptions
 
 OPTIONAL_INPUTS = ("token_logprobs", "grader_scores", "group_geometry")
 """UpdateInput fields a rule may ask for in `requires`; the others are always present."""
-PROVIDED_BY_TRAINER = frozenset({"token_logprobs"})
+PROVIDED_BY_TRAINER = frozenset({"token_logprobs", "grader_scores", "group_geometry"})
 """Optional inputs this trainer fills in; a rule requiring another one is refused at build time."""
 
 
@@ -65,11 +71,14 @@ class UpdateInput:
     """(N, T) log pi_old of each token under the policy that generated it; only when a rule
     requires "token_logprobs" (one no-grad forward pass)."""
     grader_scores: torch.Tensor | None = None
-    """(N, J): J grader scores per rollout, columns named by `grader_names` (reserved: SetGRPO)."""
+    """(N, J) float64: J independent grader draws per rollout (draw 0 is the reward), only when a
+    rule requires "grader_scores" (the trainer then asks its grader for J = GRADER_DRAWS draws)."""
     grader_names: tuple[str, ...] = ()
     group_geometry: Mapping[str, torch.Tensor] | None = None
-    """Per-group gradient geometry, e.g. {"gram": (G, G) inner products of per-group policy
-    gradients, "norms": (G,)} (reserved: SetGRPO's coefficient module)."""
+    """The local update geometry, only when a rule requires "group_geometry":
+    {"features": (N, D)} per-response policy-gradient features (grpo/geometry.py: the LM head's
+    gradient of each response's mean token log-probability), so a group's Gram matrix is
+    features[g] @ features[g].T."""
 
     def __post_init__(self) -> None:
         n = self.rewards.shape[0]
@@ -81,6 +90,13 @@ class UpdateInput:
                              f"expected ({n}, T)")
         if self.token_logprobs is not None and self.token_logprobs.shape != self.completion_mask.shape:
             raise ValueError("UpdateInput.token_logprobs must have the completion mask's shape (N, T)")
+        if self.grader_scores is not None and (self.grader_scores.dim() != 2 or self.grader_scores.shape[0] != n):
+            raise ValueError(f"UpdateInput.grader_scores has shape {tuple(self.grader_scores.shape)}, "
+                             f"expected ({n}, J)")
+        features = (self.group_geometry or {}).get("features")
+        if features is not None and (features.dim() != 2 or features.shape[0] != n):
+            raise ValueError(f"UpdateInput.group_geometry['features'] has shape {tuple(features.shape)}, "
+                             f"expected ({n}, D)")
 
     @property
     def size(self) -> int:
@@ -96,7 +112,8 @@ class UpdateInput:
 
     @classmethod
     def from_batch(cls, batch: PolicyBatch, rewards: torch.Tensor,
-                   token_logprobs: torch.Tensor | None = None) -> UpdateInput:
+                   token_logprobs: torch.Tensor | None = None, grader_scores: torch.Tensor | None = None,
+                   group_geometry: Mapping[str, torch.Tensor] | None = None) -> UpdateInput:
         mask = batch.completion_mask.to(torch.float32)
         group_ids = batch.group_ids if batch.group_ids is not None else torch.zeros(batch.size, dtype=torch.long)
         return cls(
@@ -107,6 +124,8 @@ class UpdateInput:
             completion_mask=mask,
             keep=torch.ones(batch.size, dtype=torch.bool, device=mask.device),
             token_logprobs=token_logprobs,
+            grader_scores=None if grader_scores is None else grader_scores.to(mask.device, torch.float64),
+            group_geometry=group_geometry,
         )
 
 
@@ -139,6 +158,30 @@ class ReweightingRule(UpdateRule):
         rescales them to mean 1 over kept responses / kept tokens). `inputs.keep` is the mask."""
 
 
+@dataclass(frozen=True)
+class Coefficients:
+    """What a coefficient module returns: the training coefficients and which responses stay."""
+
+    advantages: torch.Tensor  # (N,) replaces the estimator's advantages
+    keep: torch.Tensor        # (N,) bool: False for held-back (calibration) and rejected groups
+
+
+class CoefficientRule(UpdateRule):
+    """The end of the advantage stage: recalibrated coefficients (SetGRPO). May keep state across
+    steps (a calibration window), so one instance lives for one run."""
+
+    grader_draws: ClassVar[int] = 1
+    """How many grader draws per rollout it reads from `grader_scores` (>= 2 for SetGRPO)."""
+
+    @abstractmethod
+    def coefficients(self, inputs: UpdateInput) -> Coefficients:
+        """Coefficients and keep mask for this batch (inputs.keep is all True here)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Diagnostics of the last call, logged with the step's record."""
+        return {}
+
+
 def _import_builtin_rules() -> None:
     import importlib
     import pkgutil
@@ -157,8 +200,13 @@ REWEIGHTINGS: Registry[type[ReweightingRule]] = Registry(
     "reweightings", _import_builtin_rules, noun="reweighting rule",
     on_add=subclass_entries(ReweightingRule, "reweighting rule"),
 )
-SEAMS: dict[str, Registry[Any]] = {"selection": SELECTIONS, "reweighting": REWEIGHTINGS}
-"""The `[grpo]` key of each seam and its registry."""
+COEFFICIENTS: Registry[type[CoefficientRule]] = Registry(
+    "coefficients", _import_builtin_rules, noun="coefficient module",
+    on_add=subclass_entries(CoefficientRule, "coefficient module"),
+)
+SEAMS: dict[str, Registry[Any]] = {"selection": SELECTIONS, "reweighting": REWEIGHTINGS,
+                                   "coefficients": COEFFICIENTS}
+"""The `[grpo]` key of each stage and its registry."""
 
 
 def parse_rule_options(seam: str, raw: Any) -> UpdateRuleOptions:
@@ -197,6 +245,8 @@ def build_rule(seam: str, options: UpdateRuleOptions | Mapping[str, Any] | str) 
 
 LogprobFn = Callable[[PolicyBatch], torch.Tensor]
 """batch -> (B, T) token log-probabilities of the current (= rollout) policy, without grad."""
+FeatureFn = Callable[[PolicyBatch], torch.Tensor]
+"""batch -> (B, D) per-response policy-gradient features (grpo/geometry.py), without grad."""
 
 
 @dataclass(frozen=True)
@@ -205,26 +255,56 @@ class UpdateSeams:
 
     selection: SelectionRule | None = None
     reweighting: ReweightingRule | None = None
+    coefficients: CoefficientRule | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds of the last `weigh` spent on the geometry ("setgrpo/jacobian_s") and in the
+    coefficient module ("setgrpo/recovery_s"): seed 002's Table 6 split."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> UpdateSeams:
-        """From GRPOSettings' `selection` / `reweighting` (typed options or None)."""
+        """From GRPOSettings' `selection` / `reweighting` / `coefficients` (typed options or None)."""
+        coefficients = getattr(settings, "coefficients", None)
         return cls(
             selection=None if settings.selection is None else build_rule("selection", settings.selection),
             reweighting=None if settings.reweighting is None else build_rule("reweighting", settings.reweighting),
+            coefficients=None if coefficients is None else build_rule("coefficients", coefficients),
         )
 
     @property
     def identity(self) -> bool:
-        return self.selection is None and self.reweighting is None
+        return self.selection is None and self.reweighting is None and self.coefficients is None
 
     @property
     def requires(self) -> frozenset[str]:
-        rules = [r for r in (self.selection, self.reweighting) if r is not None]
+        rules = [r for r in (self.selection, self.reweighting, self.coefficients) if r is not None]
         return frozenset().union(*(r.requires for r in rules))
 
+    @property
+    def grader_draws(self) -> int:
+        """Grader draws per rollout the rules read (1: the reward alone)."""
+        return self.coefficients.grader_draws if self.coefficients is not None else 1
+
+    def advantages(self, inputs: UpdateInput) -> UpdateInput:
+        """The coefficient module's advantages and keep mask (the input unchanged without one)."""
+        if self.coefficients is None:
+            return inputs
+        started = time.perf_counter()
+        out = self.coefficients.coefficients(inputs)
+        self.timings["setgrpo/recovery_s"] = time.perf_counter() - started
+        if out.advantages.shape != (inputs.size,) or out.keep.shape != (inputs.size,) or out.keep.dtype != torch.bool:
+            raise ValueError(f"coefficient module {self.coefficients.name!r} returned advantages "
+                             f"{tuple(out.advantages.shape)} and keep {tuple(out.keep.shape)}; expected ({inputs.size},)")
+        return replace(inputs, advantages=out.advantages.to(inputs.advantages.dtype), keep=out.keep & inputs.keep)
+
+    def metrics(self) -> dict[str, float]:
+        """The coefficient module's diagnostics and timings of the last step ({} without one)."""
+        if self.coefficients is None:
+            return {}
+        return {**self.coefficients.metrics(), **self.timings}
+
     def token_factor(self, inputs: UpdateInput) -> torch.Tensor | None:
-        """m_gk * w_gkl as (N, T) (0 off the completion tokens), or None for the identity."""
+        """m_gk * w_gkl as (N, T) (0 off the completion tokens), or None for the identity.
+        `inputs` has been through `advantages` already."""
         if self.identity:
             return None
         keep = inputs.keep
@@ -236,13 +316,26 @@ class UpdateSeams:
             factor = factor * _mean_one(_checked_weights(raw, inputs, self.reweighting.name), keep, inputs)
         return factor
 
-    def weigh(self, batch: PolicyBatch, rewards: torch.Tensor, logprobs: LogprobFn) -> PolicyBatch:
-        """The batch with the seams' token weights attached (unchanged for the identity)."""
+    def weigh(self, batch: PolicyBatch, rewards: torch.Tensor, logprobs: LogprobFn,
+              grader_scores: torch.Tensor | None = None, features: FeatureFn | None = None) -> PolicyBatch:
+        """The batch with the coefficient module's advantages (if any) and the seams' token
+        weights attached (unchanged for the identity)."""
         if self.identity:
             return batch
-        token_logprobs = logprobs(batch) if "token_logprobs" in self.requires else None
-        inputs = UpdateInput.from_batch(batch, rewards, token_logprobs)
-        return replace(batch, token_weights=self.token_factor(inputs))
+        needs = self.requires
+        token_logprobs = logprobs(batch) if "token_logprobs" in needs else None
+        geometry = None
+        if "group_geometry" in needs:
+            if features is None:
+                raise ValueError("an update rule requires group_geometry; pass `features` to UpdateSeams.weigh")
+            started = time.perf_counter()
+            geometry = {"features": features(batch)}
+            self.timings["setgrpo/jacobian_s"] = time.perf_counter() - started
+        if "grader_scores" in needs and (grader_scores is None or grader_scores.shape[1] < self.grader_draws):
+            raise ValueError(f"an update rule requires {self.grader_draws} grader draws per rollout; "
+                             "the trainer's grader gave fewer")
+        inputs = self.advantages(UpdateInput.from_batch(batch, rewards, token_logprobs, grader_scores, geometry))
+        return replace(batch, advantages=inputs.advantages, token_weights=self.token_factor(inputs))
 
 
 def _checked_mask(mask: torch.Tensor, inputs: UpdateInput, rule: str) -> torch.Tensor:

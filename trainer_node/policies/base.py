@@ -65,6 +65,7 @@ class Rollout:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     reused: bool = False  # True for a response replayed from an earlier step (AR3PO)
+    scores: tuple[float, ...] = ()  # several grader draws (draw 0 = reward before shaping); () = reward only
 
 
 @dataclass

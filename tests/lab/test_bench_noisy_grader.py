@@ -1,0 +1,34 @@
+"""The noisy-grader bench profiles (issue 19): the rows the issue asks for, 12 matched seeds,
+SetGRPO and its ablations selected through the method entries' `coefficients`."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.bench.spec import BenchSpecError, load_profile, parse_spec, run_config
+
+ROWS = {"grpo_exact", "grpo_noisy", "setgrpo", "setgrpo_sphere", "setgrpo_identity", "setgrpo_anchor"}
+
+
+@pytest.mark.parametrize("name,seeds", [("noisy_grader", 12), ("noisy_grader_short", 3)])
+def test_profile_rows_and_seeds(name, seeds):
+    spec = load_profile(name)
+    assert len(spec.seeds) == seeds and spec.testbeds == ["noisy"] and spec.control == "grpo_noisy"
+    methods = {m.label: m for m in spec.methods}
+    assert set(methods) == ROWS
+    exact = run_config(spec, methods["grpo_exact"], "noisy", 0)
+    assert exact["data"]["grader"] == "exact" and "coefficients" not in exact["grpo"]
+    ablations = {label: run_config(spec, methods[label], "noisy", 0)["grpo"]["coefficients"]
+                 for label in ("setgrpo_sphere", "setgrpo_identity", "setgrpo_anchor")}
+    assert ablations["setgrpo_sphere"]["set_shape"] == "sphere"
+    assert ablations["setgrpo_identity"]["geometry"] == "identity"
+    assert ablations["setgrpo_anchor"]["recovery"] == "anchor_only"
+
+
+def test_a_bad_coefficient_option_in_a_method_names_the_field():
+    with pytest.raises(BenchSpecError, match=r"coefficients\.bta"):
+        parse_spec({"name": "x", "seeds": [0], "testbeds": ["noisy"], "steps": 1, "control": "a",
+                    "methods": [{"label": "a"}, {"label": "b", "coefficients": {"name": "setgrpo", "bta": 1}}]})
+    with pytest.raises(BenchSpecError, match="grpo.coefficients"):
+        parse_spec({"name": "x", "seeds": [0], "testbeds": ["noisy"], "steps": 1, "control": "a",
+                    "methods": [{"label": "a", "config": {"grpo": {"coefficients": "setgrpo"}}}]})
