@@ -79,15 +79,19 @@ class Group:
     def rewards(self) -> np.ndarray:
         return np.array([r.reward for r in self.rollouts], dtype=np.float64)
 
+    # mean_reward and zero_variance are read for every group of every step (observe, filters):
+    # plain Python over the few rollouts, no array built per access.
     @property
     def mean_reward(self) -> float:
-        return float(self.rewards.mean()) if self.rollouts else 0.0
+        return sum(r.reward for r in self.rollouts) / len(self.rollouts) if self.rollouts else 0.0
 
     @property
     def zero_variance(self) -> bool:
         """True when every rollout got the same reward: the group carries no GRPO signal."""
-        rewards = self.rewards
-        return len(rewards) < 2 or bool(np.all(rewards == rewards[0]))
+        if len(self.rollouts) < 2:
+            return True
+        first = self.rollouts[0].reward
+        return all(r.reward == first for r in self.rollouts)
 
     @property
     def generated(self) -> int:

@@ -127,10 +127,10 @@ class L2rrPolicy(DataPolicy):
         self.cluster_names = pool.cluster_names
         position = {name: c for c, name in enumerate(self.cluster_names)}
         self.cluster_of = np.array([position[c] for c in pool.clusters], dtype=np.int64)  # (N,)
-        self.members = [np.flatnonzero(self.cluster_of == c) for c in range(len(self.cluster_names))]
+        self.cluster_sizes = np.bincount(self.cluster_of, minlength=len(self.cluster_names))  # (C,)
         self.estimator = build_estimator(self.options.estimator, self.options.estimator_settings())
         self.logits = np.zeros(len(self.cluster_names))
-        self.history = PromptHistory.empty(len(pool))
+        self.history = self._indexed(PromptHistory.empty(len(pool)))
         self.grad_sq = 0.0  # EMA of the centred hypergradient's mean square
         self.grad_updates = 0  # EMA bias correction count
         self.last_hypergrad = np.zeros(len(self.cluster_names))
@@ -172,23 +172,19 @@ class L2rrPolicy(DataPolicy):
         return [RolloutRequest(int(i), int(r)) for i, r in zip(chosen, rollouts)]
 
     def draw_candidates(self, count: int) -> np.ndarray:
-        """`count` distinct prompts: clusters ~ q, within a cluster ~ exp(-lambda * waste), random order."""
+        """`count` distinct prompts: clusters ~ q, within a cluster ~ exp(-lambda * waste), random order.
+
+        O(count * waste levels), never a pass over the pool (policies/waste_index.py)."""
         q = self.q()
-        sizes = np.array([len(m) for m in self.members])
+        sizes = self.cluster_sizes
         per_cluster = np.minimum(self.rng.multinomial(count, q), sizes)
         while per_cluster.sum() < count:  # a cluster ran out of prompts: redraw the excess among the rest
             room = sizes - per_cluster
             p = q * (room > 0)
             per_cluster += np.minimum(self.rng.multinomial(count - per_cluster.sum(), p / p.sum()), room)
         lam = self.options.effective_lambda
-        picks = []
-        for c, take in enumerate(per_cluster.tolist()):
-            if take == 0:
-                continue
-            idx = self.members[c]
-            # Gumbel top-k == sequential sampling without replacement with p ~ exp(-lambda * waste).
-            keys = -lam * self.history.waste[idx] + self.rng.gumbel(size=len(idx))
-            picks.append(idx[np.argsort(-keys, kind="stable")[:take]])
+        index = self.history.index
+        picks = [index.draw(c, take, lam, self.rng) for c, take in enumerate(per_cluster.tolist()) if take > 0]
         return self.rng.permutation(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
 
     # --- after rollout --------------------------------------------------------------------
@@ -206,10 +202,16 @@ class L2rrPolicy(DataPolicy):
         return kept
 
     def observe(self, step: int, groups: Sequence[Group]) -> None:
-        for g in groups:
-            self.history.record(
-                g.index, g.mean_reward, len(g.rollouts), g.zero_variance, self.options.max_waste
-            )
+        if not groups:
+            return
+        size = len(groups)
+        self.history.record_groups(
+            np.fromiter((g.index for g in groups), dtype=np.int64, count=size),
+            np.fromiter((g.mean_reward for g in groups), dtype=np.float64, count=size),
+            np.fromiter((len(g.rollouts) for g in groups), dtype=np.int64, count=size),
+            np.fromiter((g.zero_variance for g in groups), dtype=bool, count=size),
+            self.options.max_waste,
+        )
 
     def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
         if not self.options.learn_q or feedback is None or not batch:
@@ -246,7 +248,7 @@ class L2rrPolicy(DataPolicy):
         normalised = (
             np.clip(grad / scale, -self.options.grad_clip, self.options.grad_clip) if scale > 0 else grad * 0
         )
-        cluster_waste = self.history.cluster_waste(self.members)
+        cluster_waste = self.history.index.cluster_waste()
         penalty = self.options.effective_lambda * (cluster_waste - cluster_waste.mean())
         self.logits = self.logits + self.options.eta_q * estimate.gain * (normalised - penalty)
         self.logits -= self.logits.mean()
@@ -258,6 +260,7 @@ class L2rrPolicy(DataPolicy):
             "clusters": list(self.cluster_names),
             "logits": self.logits.tolist(),
             "history": self.history.state_dict(),
+            "bucket_order": self.history.index.order.tolist(),
             "estimator": self.estimator.state_dict(),
             "grad_sq": self.grad_sq,
             "grad_updates": self.grad_updates,
@@ -272,7 +275,7 @@ class L2rrPolicy(DataPolicy):
             raise ValueError(
                 f"l2rr state is for clusters {state['clusters']}, this pool has {self.cluster_names}"
             )
-        history = PromptHistory.from_state(state["history"], len(self.pool))
+        history = self._indexed(PromptHistory.from_state(state["history"], len(self.pool)), state.get("bucket_order"))
         logits = np.asarray(state["logits"], dtype=np.float64)
         last_hypergrad = np.asarray(state["last_hypergrad"], dtype=np.float64)
         if logits.shape != self.logits.shape or last_hypergrad.shape != self.logits.shape:
@@ -295,7 +298,7 @@ class L2rrPolicy(DataPolicy):
     def metrics(self) -> dict[str, float]:
         out = dict(self._step_metrics)
         q = self.q()
-        waste = self.history.cluster_waste(self.members)
+        waste = self.history.index.cluster_waste()
         for c, name in enumerate(self.cluster_names):
             out[f"q/{name}"] = float(q[c])
             out[f"waste/{name}"] = float(waste[c])
@@ -304,6 +307,13 @@ class L2rrPolicy(DataPolicy):
         out["feedback_failures"] = float(self.feedback_failures)
         out["hypergrad_scale"] = self.hypergrad_scale()
         return out
+
+    def _indexed(self, history: PromptHistory, order: Any = None) -> PromptHistory:
+        """The history with its WasteIndex; `order` is a checkpoint's bucket_order (None: rebuilt)."""
+        return history.indexed(
+            self.cluster_of, len(self.cluster_names), self.options.max_waste,
+            None if order is None else np.asarray(order, dtype=np.int64),
+        )
 
     def hypergrad_scale(self) -> float:
         """Running RMS the hypergradient is divided by (0 before the first query)."""
