@@ -34,6 +34,7 @@ from trainer_node.grpo.lookahead import (
 from trainer_node.grpo.losses import get_loss
 from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.grpo.timing import PhaseClock
 from trainer_node.policies.base import (
     DataPolicy,
     FeedbackContext,
@@ -94,22 +95,30 @@ class GRPOTrainer:
         )
         self.rollouts_cumulative = 0
         self.step_index = 0  # steps completed; the next step to run
+        self.clock = PhaseClock()  # per-phase seconds of each step (grpo/timing.py)
 
     # ----------------------------------------------------------------- the step
     def train_step(self) -> dict[str, Any]:
         """Run one GRPO step and return its metrics record."""
         step = self.step_index
         started = time.perf_counter()
+        clock = self.clock
+        clock.take()  # time between steps belongs to the caller (the loop's hooks time themselves)
 
-        so_far = self.sample_and_rollout(step)                       # sample -> rollout -> reward
-        batch = self.policy.training_groups(step, so_far)            # select
-        self.policy.observe(step, so_far.groups)
-        self.policy.before_update(step, batch, self.feedback)
-        update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
+        with clock.phase("sampling"):
+            so_far = self.sample_and_rollout(step)                   # sample -> rollout -> reward
+            batch = self.policy.training_groups(step, so_far)        # select
+            self.policy.observe(step, so_far.groups)
+            self.policy.before_update(step, batch, self.feedback)    # feedback phases nest in here
+        with clock.phase("update"):
+            update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
 
         self.rollouts_cumulative += so_far.rollouts_generated
         self.step_index += 1
-        record = self._record(step, so_far, batch, update_metrics, time.perf_counter() - started)
+        with clock.phase("other"):
+            record = self._record(step, so_far, batch, update_metrics, 0.0)
+        record.update(clock.take())
+        record["step_seconds"] = time.perf_counter() - started
         if self.on_step_end is not None:
             self.on_step_end(step, record)
         return record
@@ -125,13 +134,23 @@ class GRPOTrainer:
 
     def rollout(self, step: int, round_index: int, requests: Sequence[RolloutRequest]) -> list[Group]:
         """Generate and score one round of requests (see grpo/rollout.py)."""
+        clock = self.clock
+
+        def timed_reward(text: str, example: Any) -> float:
+            with clock.phase("reward"):
+                return self.reward_fn(text, example)
+
+        with clock.phase("generation"):
+            return self._rollout(step, round_index, requests, timed_reward)
+
+    def _rollout(self, step: int, round_index: int, requests: Sequence[RolloutRequest], reward_fn: RewardFn):
         s = self.settings
         return rollout_groups(
             requests,
             pool=self.pool,
             engine=self.engine,
             render=self.render,
-            reward_fn=self.reward_fn,
+            reward_fn=reward_fn,
             params=self.sampling,
             run_seed=self.sampling.seed,
             step=step,
@@ -220,11 +239,20 @@ class GRPOTrainer:
 
         The update mirrors a real step (same loss, grad clipping) with the lookahead optimizer
         grpo.lookahead (see grpo/lookahead.py for why AdamW-from-a-state-copy is the default).
+        Each candidate's forward and backward run on the rows its weights keep, with the whole
+        batch's normalisers: the gradient equals that of the zero-weighted full batch, and C
+        one-cluster candidates cost about one batch of backward work, not C.
         """
+        with self.clock.phase("candidates"):
+            return self._lookahead_state_dicts(batch, weights)
+
+    def _lookahead_state_dicts(
+        self, batch: Sequence[Group], weights: Sequence[Sequence[float]]
+    ) -> list[dict[str, torch.Tensor]]:
         s = self.settings
         if not batch:
             raise ValueError("lookahead needs a non-empty batch")
-        base = self.build_batch(batch)
+        base = self.build_batch(batch).with_normalisers()  # (B, T); normalisers of the whole batch
         hyper = LookaheadHyper(
             lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
             betas=s.betas,
@@ -236,8 +264,13 @@ class GRPOTrainer:
         for vector in weights:
             if len(vector) != len(batch):
                 raise ValueError(f"lookahead weights have {len(vector)} entries for {len(batch)} groups")
-            weighted = replace(base, sample_weights=torch.tensor(list(vector), dtype=torch.float32, device=self.device)[base.group_ids])
-            grads = self._gradients(weighted, [p for _, p in named])
+            row_weights = torch.tensor(list(vector), dtype=torch.float32, device=self.device)[base.group_ids]  # (B,)
+            rows = torch.nonzero(row_weights != 0).flatten()
+            if len(rows) == 0:
+                grads = [torch.zeros_like(p) for _, p in named]
+            else:
+                kept = replace(base, sample_weights=row_weights).rows(rows)  # zero-weight rows add exactly 0
+                grads = self._gradients(kept, [p for _, p in named])
             clipped = clip_gradients(grads, s.max_grad_norm)
             by_name = {n: g for (n, _), g in zip(named, clipped)}
             results.append(stepped_state_dict(self.model, by_name, self.optimizer, self.lookahead_step, hyper))
