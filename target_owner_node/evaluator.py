@@ -181,7 +181,12 @@ class WorkerScorer:
                 pass
             conn.close()
         if process is not None:
-            process.join(timeout=2)
+            # The worker holds nothing to save: a short grace for the "stop" message, then
+            # SIGTERM (a worker still importing torch at start would not read it for seconds).
+            process.join(timeout=0.5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=1)
             if process.is_alive():
                 process.kill()
                 process.join(timeout=5)
