@@ -55,6 +55,9 @@ class WorkerScorer:
         self.target = target
         self.timeout_s = timeout_s
         self.expected_sizes = expected_sizes
+        self.file_digests: Callable[[str], dict[str, str]] | None = None
+        """checkpoint id -> {file name: sha256} (the store's manifest, set by open_node): lets the
+        worker apply only the files a candidate changed (worker.ModelCache)."""
         self._lock = threading.Lock()
         self._process = None
         self._conn = None
@@ -112,7 +115,7 @@ class WorkerScorer:
         request = (
             "score",
             split,
-            [(cid, str(path)) for cid, path in checkpoints],
+            [(cid, str(path), self._digests(cid)) for cid, path in checkpoints],
             [int(i) for i in indices],
             decoding.to_json(),
         )
@@ -127,6 +130,9 @@ class WorkerScorer:
         if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
             raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
         return np.clip(scores, 0.0, 1.0)
+
+    def _digests(self, checkpoint_id: str) -> dict[str, str]:
+        return self.file_digests(checkpoint_id) if self.file_digests is not None else {}
 
     def probe(self, checkpoint_id: str, directory: Path) -> None:
         """Dry-run a new checkpoint on public probe prompts (upload time, before it is stored).

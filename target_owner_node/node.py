@@ -160,6 +160,8 @@ def open_node(
         config.storage.quota_bytes,
         probe=getattr(scorer, "probe", None),
     )
+    if hasattr(scorer, "file_digests"):
+        scorer.file_digests = store.file_digests  # the worker applies only a candidate's changed files
     releases = ReleaseService(
         facts, store, scorer, audit, budget, random_source, min_response_s=config.evaluation.min_response_s
     )

@@ -15,7 +15,7 @@ and memory depend on nothing but public sizes (docs/PRIVACY.md, "Side channels")
 
 Protocol over a multiprocessing Pipe (all messages are tuples):
     worker -> server   ("ready", {"heldout_size": N, "test_size": T}) | ("error", kind)
-    server -> worker   ("score", split, [(checkpoint_id, dir), ...], [row indices], decoding dict)
+    server -> worker   ("score", split, [(checkpoint_id, dir, {file: sha256}), ...], [row indices], decoding dict)
     worker -> server   ("ok", ndarray (num_candidates, num_rows)) | ("error", kind)
     server -> worker   ("probe", checkpoint_id, dir)      a dry run on public probe prompts
     worker -> server   ("ok", None) | ("error", kind)
@@ -72,32 +72,136 @@ PROBE_TEXTS: tuple[str, ...] = (
 
 
 class ModelCache:
-    """A small LRU of loaded engines keyed by checkpoint id (ids are content hashes)."""
+    """Loaded models, one per checkpoint STRUCTURE (structure_key: config, tokenizer, safetensors
+    headers and sizes), LRU over `model_cache_size` structures.
+
+    A candidate of a structure already in memory is not reloaded: only the safetensors files
+    whose content differs from what the model holds (by sha256, `digests` from the store's
+    manifest) are read, and their tensors copied in place. A query of a base and C candidates
+    then loads each changed tensor once per candidate and builds one model and one engine, where
+    `from_pretrained` per candidate rebuilt everything. In-place loading is used only where it
+    provably gives what from_pretrained gives: at a structure's first (full) load, every stored
+    tensor is checked to land on its own parameter with exactly the loaded value (no tied
+    duplicate, no renamed key); a structure that fails that check is reloaded in full for each
+    new checkpoint, as before.
+    """
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self._engines: OrderedDict[str, Any] = OrderedDict()
+        self._slots: OrderedDict[str, _Resident] = OrderedDict()
+        self.full_loads = 0  # from_pretrained calls (tests and benchmarks read these)
+        self.files_applied = 0  # safetensors files copied in place
 
-    def get(self, checkpoint_id: str, directory: Path) -> Any:
-        if checkpoint_id in self._engines:
-            self._engines.move_to_end(checkpoint_id)
-            return self._engines[checkpoint_id]
-        import torch
+    def get(self, checkpoint_id: str, directory: Path, digests: dict[str, str] | None = None) -> Any:
+        directory = Path(directory)
+        digests = dict(digests or {})
+        weights = sorted(p.name for p in directory.iterdir() if p.name.endswith(".safetensors"))
+        structure = _structure_of(directory, digests)
+        slot = self._slots.get(structure)
+        if slot is not None:
+            self._slots.move_to_end(structure)
+            if slot.holds == checkpoint_id:
+                return slot.engine
+            if slot.in_place:
+                self._apply(slot, directory, weights, digests)
+                slot.holds = checkpoint_id
+                return slot.engine
+        slot = self._load(directory, weights, digests)
+        slot.holds = checkpoint_id
+        self._slots[structure] = slot
+        self._slots.move_to_end(structure)
+        while len(self._slots) > self.spec.model_cache_size:
+            self._slots.popitem(last=False)
+            if str(self.spec.device).startswith("cuda"):
+                import torch
 
+                torch.cuda.empty_cache()
+        return slot.engine
+
+    def _load(self, directory: Path, weights: list[str], digests: dict[str, str]) -> _Resident:
         from rlvr_core.engines.registry import build_engine
         from rlvr_core.models.loading import load_policy
 
         dtype = _torch_dtype(self.spec.dtype, self.spec.device)
         model, tokenizer = load_policy(directory, self.spec.device, dtype)
+        self.full_loads += 1
         # Every engine gets the same input: the owner's batch size reaches any engine as
         # FixedShape.batch_prompts on each generate call (evaluation_shape), never as an option.
         engine = build_engine(self.spec.engine, model, tokenizer, device=self.spec.device)
-        self._engines[checkpoint_id] = engine
-        while len(self._engines) > self.spec.model_cache_size:
-            self._engines.popitem(last=False)
-            if str(self.spec.device).startswith("cuda"):
-                torch.cuda.empty_cache()
-        return engine
+        targets = _in_place_targets(model, directory, weights)
+        loaded = {name: digests.get(name) for name in weights}
+        return _Resident(engine, model, targets, loaded)
+
+    def _apply(self, slot: _Resident, directory: Path, weights: list[str], digests: dict[str, str]) -> None:
+        import torch
+        from safetensors import safe_open
+
+        changed = [name for name in weights if digests.get(name) is None or slot.loaded.get(name) != digests[name]]
+        with torch.no_grad():
+            for name in changed:
+                slot.loaded[name] = None  # unknown until the copy completes
+                with safe_open(str(directory / name), framework="pt", device="cpu") as handle:
+                    for tensor_name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        slot.targets[tensor_name].copy_(handle.get_tensor(tensor_name))
+                slot.loaded[name] = digests.get(name)
+                self.files_applied += 1
+        sync = getattr(slot.engine, "sync_weights", None)
+        if changed and sync is not None:
+            sync()
+
+
+@dataclass
+class _Resident:
+    engine: Any
+    model: Any
+    targets: dict | None
+    """Stored tensor name -> the model tensor it is copied into; None: in-place loading is off."""
+    loaded: dict[str, str | None]
+    """safetensors file -> sha256 of the content the model holds (None: unknown)."""
+    holds: str = ""
+
+    @property
+    def in_place(self) -> bool:
+        return self.targets is not None
+
+
+def _structure_of(directory: Path, digests: dict[str, str]) -> str:
+    """checkpoint_store.structure_key of a folder; JSON files without a known digest are hashed."""
+    import hashlib
+
+    from target_owner_node.checkpoint_store import ManifestEntry, structure_key
+
+    entries = []
+    for path in sorted(directory.iterdir()):
+        digest = digests.get(path.name)
+        if digest is None and not path.name.endswith(".safetensors"):
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        entries.append(ManifestEntry(path.name, path.stat().st_size, digest or ""))
+    return structure_key(entries, directory)
+
+
+def _in_place_targets(model: Any, directory: Path, weights: list[str]) -> dict | None:
+    """Stored tensor name -> model tensor, when copying the files in place reproduces exactly what
+    from_pretrained loaded: each name is a state-dict entry of its own storage, of the same shape,
+    holding the stored value cast to the model's dtype. None otherwise."""
+    import torch
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    targets: dict[str, Any] = {}
+    storages: set[int] = set()
+    for name in weights:
+        with safe_open(str(directory / name), framework="pt", device="cpu") as handle:
+            for tensor_name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                target = state.get(tensor_name)
+                if target is None or target.data_ptr() in storages:
+                    return None  # a renamed key or a tied duplicate: from_pretrained decides, not a copy
+                stored = handle.get_tensor(tensor_name)
+                if stored.shape != target.shape or not torch.equal(stored.to(target.dtype), target):
+                    return None
+                storages.add(target.data_ptr())
+                targets[tensor_name] = target
+    return targets
 
 
 def _torch_dtype(name: str, device: str):
@@ -226,9 +330,9 @@ def _score(cache: ModelCache, spec: WorkerSpec, splits: dict, split: str, checkp
     scores = np.zeros((len(checkpoints), len(indices)))
     stage = MODEL_LOAD_FAILED
     try:
-        for position, (checkpoint_id, directory) in enumerate(checkpoints):
+        for position, (checkpoint_id, directory, *digests) in enumerate(checkpoints):
             stage = MODEL_LOAD_FAILED
-            engine = cache.get(checkpoint_id, Path(directory))
+            engine = cache.get(checkpoint_id, Path(directory), digests[0] if digests else None)
             stage = EVALUATION_FAILED
             scores[position] = score_split(engine, spec, splits[split], indices, decoding)
     except Exception as error:  # noqa: BLE001 - a failure no single row explains (score_rows confines those)

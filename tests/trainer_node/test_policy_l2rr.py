@@ -422,3 +422,87 @@ def test_resume_reproduces_requests_and_q_with_feedback(estimator):
             == run_step(resumed, step, oracle_twin, owner_twin).requests
         )
     assert resumed.q().tolist() == policy.q().tolist()
+
+
+# --- asynchronous feedback ---------------------------------------------------------------------
+
+
+class DelayedFeedback:
+    """FakeFeedback answering `delay` steps after a query (a background owner), counted by the
+    policy's own calls to should_query, which come once per step."""
+
+    def __init__(self, inner, delay: int):
+        self.inner, self.delay = inner, delay
+        self.now = 0
+        self.submitted: list[int] = []
+        self.waited: list[int] = []
+
+    def should_query(self, step):
+        self.now = step
+        return self.inner.should_query(step)
+
+    def candidates(self, batch, weights):
+        return self.inner.candidates(batch, weights)
+
+    def submit(self, candidates):
+        released = self.inner.evaluate(candidates)
+        asked, outer = self.now, self
+
+        class Pending:
+            def ready(self):
+                return outer.now - asked >= outer.delay
+
+            def result(self):
+                if not self.ready():
+                    outer.waited.append(outer.now)
+                return released
+
+        self.submitted.append(asked)
+        return Pending()
+
+
+def _run_async(max_staleness, delay, steps=12, fail=False):
+    pool = make_pool(per_cluster=10)
+    oracle = FakeOracle(pool, seed=1, rates=np.full(40, 0.5))
+    policy = l2rr(pool, batch_size=8, n=4, max_staleness=max_staleness)
+    owner = DelayedFeedback(feedback({"logic": 1.0}, seed=3, fail=fail), delay)
+    history = []
+    for step in range(steps):
+        owner.now = step
+        run_step(policy, step, oracle, owner)
+        history.append((policy.metrics()["feedback_queries"], policy.metrics()["feedback_staleness"]))
+    return policy, owner, history
+
+
+def test_async_release_is_applied_when_it_arrives_and_one_query_is_in_flight():
+    policy, owner, history = _run_async(max_staleness=5, delay=2)
+    assert owner.waited == []  # it arrived within the bound: training never waited
+    assert all(b - a >= 2 for a, b in zip(owner.submitted, owner.submitted[1:]))  # one in flight
+    assert {staleness for _, staleness in history if staleness} == {2.0}
+    assert policy.q().max() > 0.25 + 1e-9  # the releases did move q
+
+
+def test_async_staleness_is_bounded_by_waiting_at_the_bound():
+    _, owner, history = _run_async(max_staleness=1, delay=3)
+    assert owner.waited  # the release was late: the step at the bound waited for it
+    assert max(staleness for _, staleness in history) == 1.0
+    assert history[-1][0] >= 3  # and the releases were applied
+
+
+def test_synchronous_mode_equals_the_plain_evaluate_path():
+    # max_staleness = 0 through a submitting context makes the same draws and the same q as a
+    # context without submit (the synchronous path the tests above use).
+    sync_policy, _, _ = _run_async(max_staleness=0, delay=0)
+    pool = make_pool(per_cluster=10)
+    oracle = FakeOracle(pool, seed=1, rates=np.full(40, 0.5))
+    plain = l2rr(pool, batch_size=8, n=4, max_staleness=0)
+    owner = feedback({"logic": 1.0}, seed=3)
+    for step in range(12):
+        run_step(plain, step, oracle, owner)
+    assert plain.q().tolist() == sync_policy.q().tolist()
+
+
+def test_a_failed_async_query_counts_and_keeps_q():
+    policy, _, _ = _run_async(max_staleness=3, delay=1, fail=True)
+    assert policy.logits.tolist() == [0.0] * 4
+    assert policy.metrics()["feedback_failures"] >= 1 and policy.metrics()["feedback_queries"] == 0

@@ -88,7 +88,10 @@ def stepped_state_dict(
     step_fn: StepRule,
     hyper: LookaheadHyper,
 ) -> dict[str, torch.Tensor]:
-    """The model's full state dict after one `step_fn` step with `grads`; tied tensors stay tied by value."""
+    """The model's full state dict after one `step_fn` step with `grads`; tied tensors stay tied by value.
+
+    Tensors the step does not touch (frozen weights, buffers) are the live ones, not copies: a
+    LoRA model's base is then neither copied per candidate nor serialized again by the writer."""
     updated: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -100,5 +103,5 @@ def stepped_state_dict(
             updated[id(param)] = step_fn(param.detach(), grad, hyper, optimizer.state.get(param, {}))
         out: dict[str, torch.Tensor] = {}
         for key, tensor in model.state_dict(keep_vars=True).items():
-            out[key] = updated[id(tensor)].clone() if id(tensor) in updated else tensor.detach().clone()
+            out[key] = updated[id(tensor)].clone() if id(tensor) in updated else tensor.detach()
     return out

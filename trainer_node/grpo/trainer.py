@@ -228,8 +228,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------ lookahead (L2RR)
     def current_state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the live model's parameters and buffers."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The live model's parameters and buffers: a copy of everything training changes, the
+        live tensors themselves for what it never changes (frozen weights, buffers)."""
+        trained = {id(p) for p in self.model.parameters() if p.requires_grad}
+        return {
+            k: v.detach().clone() if id(v) in trained else v.detach()
+            for k, v in self.model.state_dict(keep_vars=True).items()
+        }
 
     def lookahead_state_dicts(
         self, batch: Sequence[Group], weights: Sequence[Sequence[float]]

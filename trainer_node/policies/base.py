@@ -139,6 +139,37 @@ class FeedbackContext(Protocol):
     def should_query(self, step: int) -> bool: ...
 
 
+class PendingFeedback(Protocol):
+    """A query sent and not yet read: `ready()` once its release is in (or it failed);
+    `result()` waits for it and returns what `evaluate` would have ([base, *candidates] or None)."""
+
+    def ready(self) -> bool: ...
+
+    def result(self) -> list[float] | None: ...
+
+
+@dataclass(frozen=True)
+class AnsweredFeedback:
+    """A PendingFeedback whose release is already in (a context that answers synchronously)."""
+
+    accuracies: list[float] | None
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> list[float] | None:
+        return self.accuracies
+
+
+def send_query(feedback: FeedbackContext, candidates: Sequence[Any]) -> PendingFeedback:
+    """Send a query without waiting when the context can (OwnerFeedback.submit); otherwise ask
+    synchronously. Either way the caller reads the release through the returned handle."""
+    submit = getattr(feedback, "submit", None)
+    if submit is not None:
+        return submit(candidates)
+    return AnsweredFeedback(feedback.evaluate(candidates))
+
+
 class DataPolicy(ABC):
     """One data policy. It is built from its typed options (`self.options`: the `[policy]`
     table, shared batch shape included) and exposes capabilities as class attributes, so

@@ -10,7 +10,9 @@ Per step:
   5. If the trainer allows a feedback query this step, spend ONE query on a hypergradient of
      target accuracy w.r.t. q (estimator: "lookahead" or "spsa", l2rr_estimators.py) and take
      a mirror-ascent step on q's logits: eta_q * gain * (normalised hypergradient
-     - lambda * centred cluster waste).
+     - lambda * centred cluster waste). With max_staleness > 0 the query is asynchronous:
+     training goes on, and the step is taken when the release arrives, at most
+     max_staleness steps later (the step that reaches the bound waits for it).
 
 Ablations (paper Table 2): waste_penalty=false is "w/o ws" (lambda = 0 everywhere),
 rollout_allocation=false gives every prompt n rollouts, learn_q=false is "uniform q".
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -32,14 +35,17 @@ from trainer_node.policies.base import (
     DataPolicy,
     FeedbackContext,
     Group,
+    PendingFeedback,
     RolloutRequest,
     SourcePool,
     StepRollouts,
     informative_groups,
+    send_query,
 )
 from trainer_node.policies.l2rr_estimators import (
     EstimatorSettings,
     HypergradientEstimate,
+    QueryPlan,
     build_estimator,
     estimator_names,
 )
@@ -91,6 +97,11 @@ class L2rrOptions(PolicyOptions):
     spsa_a: float = Field(default=1.0, gt=0, description="SPSA step gain at k = 0.")
     spsa_A: float = Field(default=10.0, ge=0, description="SPSA stability constant A.")
     spsa_c: float = Field(default=0.5, gt=0, description="SPSA perturbation size in log-weight space.")
+    max_staleness: int = Field(
+        default=4, ge=0,
+        description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
+        "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
+    )
 
     @field_validator("estimator")
     @classmethod
@@ -117,6 +128,15 @@ class L2rrOptions(PolicyOptions):
         )
 
 
+@dataclass(frozen=True)
+class InFlightQuery:
+    """A feedback query sent at `step` whose release has not been applied yet."""
+
+    step: int
+    plan: QueryPlan
+    pending: PendingFeedback
+
+
 @POLICIES.register("l2rr", options=L2rrOptions)
 class L2rrPolicy(DataPolicy):
     uses_target_feedback = True
@@ -136,6 +156,8 @@ class L2rrPolicy(DataPolicy):
         self.last_hypergrad = np.zeros(len(self.cluster_names))
         self.feedback_queries = 0
         self.feedback_failures = 0
+        self.last_staleness = 0  # steps between the last applied release's query and its use
+        self._in_flight: InFlightQuery | None = None  # asynchronous feedback (max_staleness > 0)
         self._step_metrics: dict[str, float] = {}
 
     # --- sampling -------------------------------------------------------------------------
@@ -214,19 +236,36 @@ class L2rrPolicy(DataPolicy):
         )
 
     def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
-        if not self.options.learn_q or feedback is None or not batch:
+        self.collect_feedback(step)  # a release that arrived since the last step
+        if not self.options.learn_q or feedback is None or not batch or self._in_flight is not None:
             return
         batch_clusters = self.cluster_of[[g.index for g in batch]]
         if len(np.unique(batch_clusters)) < 2:
             return  # one cluster: no relative information about q, don't spend budget
         if not feedback.should_query(step):
             return
-        estimate = self.estimator.estimate(batch, batch_clusters, self.q(), feedback, self.rng)
-        if estimate is None:
+        plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
+        pending = send_query(feedback, feedback.candidates(batch, plan.weights))
+        self._in_flight = InFlightQuery(step, plan, pending)
+        self.collect_feedback(step)  # synchronous (max_staleness = 0): applied in this step
+
+    def collect_feedback(self, step: int, wait: bool = False) -> None:
+        """Apply the query in flight if its release is in, or if it is `max_staleness` steps old
+        (then wait for it: staleness stays bounded). `wait` forces it (the run's end)."""
+        query = self._in_flight
+        if query is None:
+            return
+        age = step - query.step
+        if not (wait or query.pending.ready() or age >= self.options.max_staleness):
+            return
+        accuracies = query.pending.result()
+        self._in_flight = None
+        self.last_staleness = age
+        if accuracies is None:
             self.feedback_failures += 1
             return
         self.feedback_queries += 1
-        self.apply_hypergradient(estimate)
+        self.apply_hypergradient(query.plan.conclude(accuracies))
 
     def apply_hypergradient(self, estimate: HypergradientEstimate) -> None:
         """One mirror-ascent step on the logits from a hypergradient and the waste penalty.
@@ -305,6 +344,8 @@ class L2rrPolicy(DataPolicy):
             out[f"hypergrad/{name}"] = float(self.last_hypergrad[c])
         out["feedback_queries"] = float(self.feedback_queries)
         out["feedback_failures"] = float(self.feedback_failures)
+        out["feedback_staleness"] = float(self.last_staleness)
+        out["feedback_in_flight"] = float(self._in_flight is not None)
         out["hypergrad_scale"] = self.hypergrad_scale()
         return out
 
