@@ -25,7 +25,7 @@ from typing import Any
 
 from lab.configs import simulate_defaults_path
 from lab.evaluation import OwnerTestEvaluation, domain_accuracy
-from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
 from lab.policies import fill_simulation_options
 from rlvr_core.configuration import load_toml
 from trainer_node.config import TrainConfig, parse_config, with_overrides
@@ -120,7 +120,8 @@ class Simulation:
         setup = build_training(cfg, extend_pool=target_mix_pool if cfg.data.train_on_feedback_split else None)
         init_owner(owner_dir, cfg.data.testbed, dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
                    sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
-                   max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template))
+                   max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template),
+                   batch_size=query_batch_size(len(setup.data.feedback), opts.sample_rate, not opts.no_dp))
 
         trainer = setup.trainer
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:

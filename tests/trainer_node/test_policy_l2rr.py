@@ -444,8 +444,11 @@ class DelayedFeedback:
     def candidates(self, batch, weights):
         return self.inner.candidates(batch, weights)
 
-    def submit(self, candidates):
-        released = self.inner.evaluate(candidates)
+    def evaluate(self, candidates):
+        return self.inner.evaluate(candidates)
+
+    def submit_lookahead(self, batch, weights):
+        released = self.inner.evaluate(self.inner.candidates(batch, weights))
         asked, outer = self.now, self
 
         class Pending:

@@ -66,6 +66,8 @@ class FeedbackStats:
     last_noise_std: float = 0.0
     uploaded_bytes: int = 0
     """Bytes the owner did not hold and that were sent (manifest-only files excluded)."""
+    background_candidates_s: float = 0.0
+    """Asynchronous queries: seconds the background thread spent building lookahead candidates."""
     background_upload_s: float = 0.0
     """Asynchronous queries: seconds the background thread spent writing and uploading."""
     background_owner_s: float = 0.0
@@ -150,16 +152,34 @@ class OwnerFeedback:
 
     def submit(self, candidates: Sequence[Any]) -> PendingRelease:
         """`evaluate`, in the background: training goes on while the owner scores (module docstring)."""
+        states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
+        return self._start(lambda: states, len(states))
+
+    def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> PendingRelease:
+        """`submit`, with the lookahead candidates also built in the background, from a snapshot of
+        the model and optimizer taken now (GRPOTrainer.lookahead_snapshot)."""
+        snapshot = self.trainer.lookahead_snapshot()
+        batch, weights = list(batch), [list(w) for w in weights]
+
+        def states() -> list[dict[str, Any]]:
+            started = time.perf_counter()
+            try:
+                return [snapshot.base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
+            finally:
+                self.stats.background_candidates_s += time.perf_counter() - started
+
+        return self._start(states, len(weights) + 1)
+
+    def _start(self, states: Any, count: int) -> PendingRelease:
         if self._outstanding is not None:
             raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
-        states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
         with self._upload_lock:
             self._writer_for()  # built here, from the model as it is, not while the next step trains
         step, decoding = self._step, self._query_decoding(self._step)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-feedback")
         future = self._executor.submit(self._background_query, states, decoding)
-        self._outstanding = PendingRelease(self, future, step, len(states))
+        self._outstanding = PendingRelease(self, future, step, count)
         return self._outstanding
 
     def release_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[float] | None:
@@ -232,9 +252,10 @@ class OwnerFeedback:
             writer.discard(written)
         return checkpoint_id
 
-    def _background_query(self, states: list[dict[str, Any]], decoding: pb.DecodingSettings):
+    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings):
         """On the background thread: (ids, response), or the FeedbackError that ended the query."""
         _BACKGROUND.active = True
+        states = make_states()
         started = time.perf_counter()
         try:
             ids = self._upload_all(states)

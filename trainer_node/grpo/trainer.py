@@ -16,7 +16,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -48,6 +48,18 @@ log = logging.getLogger("trainer_node.grpo")
 
 StepCallback = Callable[[int, dict[str, Any]], None]
 MAX_ROUNDS_PER_STEP = 1000  # a policy that never returns [] is a bug; fail loudly
+
+
+@dataclass(frozen=True)
+class LookaheadSnapshot:
+    """The live run at one moment, copied: what a lookahead needs (GRPOTrainer.lookahead_snapshot)."""
+
+    trainable: dict[str, torch.Tensor]
+    """Each trainable parameter, by name."""
+    optimizer_state: dict[str, dict]
+    """Each trainable parameter's optimizer state (tensors copied), by name."""
+    base: dict[str, torch.Tensor]
+    """current_state_dict(): the base model of the query."""
 
 
 class GRPOTrainer:
@@ -96,6 +108,7 @@ class GRPOTrainer:
         self.rollouts_cumulative = 0
         self.step_index = 0  # steps completed; the next step to run
         self.clock = PhaseClock()  # per-phase seconds of each step (grpo/timing.py)
+        self._scratch: torch.nn.Module | None = None  # the lookahead's private model copy (snapshots)
 
     # ----------------------------------------------------------------- the step
     def train_step(self) -> dict[str, Any]:
@@ -174,8 +187,10 @@ class GRPOTrainer:
             batch = replace(batch, ref_logprobs=ref)
         return batch
 
-    def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs, entropy = token_logprobs(self.model, micro, self.sampling.temperature, with_entropy)
+    def micro_batch_loss(
+        self, micro: PolicyBatch, with_entropy: bool = False, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs, entropy = token_logprobs(model or self.model, micro, self.sampling.temperature, with_entropy)
         out = self.loss_fn(logprobs, micro, self.settings.loss_settings)
         metrics = dict(out.metrics)
         if entropy is not None:
@@ -249,10 +264,47 @@ class GRPOTrainer:
         one-cluster candidates cost about one batch of backward work, not C.
         """
         with self.clock.phase("candidates"):
-            return self._lookahead_state_dicts(batch, weights)
+            return self._lookahead(self.model, self._live_optimizer_state(), batch, weights)
 
-    def _lookahead_state_dicts(
-        self, batch: Sequence[Group], weights: Sequence[Sequence[float]]
+    def lookahead_snapshot(self) -> LookaheadSnapshot:
+        """The live run's parameters and optimizer state as they are now, copied, for
+        `lookahead_from_snapshot` on another thread while training goes on (asynchronous feedback)."""
+        with self.clock.phase("candidates"):
+            if self._scratch is None:
+                self._scratch = copy.deepcopy(self.model)  # once; a run's later snapshots reuse it
+            trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {
+                n: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                    for k, v in self.optimizer.state.get(p, {}).items()}
+                for n, p in self.model.named_parameters() if p.requires_grad
+            }
+            return LookaheadSnapshot(trainable, state, self.current_state_dict())
+
+    def lookahead_from_snapshot(
+        self, snapshot: LookaheadSnapshot, batch: Sequence[Group], weights: Sequence[Sequence[float]]
+    ) -> list[dict[str, torch.Tensor]]:
+        """`lookahead_state_dicts` as of the snapshot, computed on a private copy of the model (safe
+        beside the training thread: nothing live is written, and the phase clock is not used)."""
+        scratch = self._scratch
+        with torch.no_grad():
+            for name, param in scratch.named_parameters():
+                if name in snapshot.trainable:
+                    param.copy_(snapshot.trainable[name])
+        out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
+        live = self.model.state_dict(keep_vars=True)
+        trained = set(snapshot.trainable)
+        for state in out:  # frozen tensors: the live ones (never modified), so the writer skips them
+            for name in state:
+                if name not in trained and name in live:
+                    state[name] = live[name].detach()
+        return out
+
+    def _live_optimizer_state(self) -> dict[str, dict]:
+        return {n: self.optimizer.state.get(p, {}) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _lookahead(
+        self, model: torch.nn.Module, optimizer_state: dict[str, dict], batch: Sequence[Group],
+        weights: Sequence[Sequence[float]],
     ) -> list[dict[str, torch.Tensor]]:
         s = self.settings
         if not batch:
@@ -264,7 +316,7 @@ class GRPOTrainer:
             eps=s.adam_eps,
             weight_decay=s.weight_decay,  # the rule decides whether it decays (SGD does not)
         )
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         results = []
         for vector in weights:
             if len(vector) != len(batch):
@@ -275,17 +327,19 @@ class GRPOTrainer:
                 grads = [torch.zeros_like(p) for _, p in named]
             else:
                 kept = replace(base, sample_weights=row_weights).rows(rows)  # zero-weight rows add exactly 0
-                grads = self._gradients(kept, [p for _, p in named])
+                grads = self._gradients(kept, [p for _, p in named], model)
             clipped = clip_gradients(grads, s.max_grad_norm)
             by_name = {n: g for (n, _), g in zip(named, clipped)}
-            results.append(stepped_state_dict(self.model, by_name, self.optimizer, self.lookahead_step, hyper))
+            results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
         return results
 
-    def _gradients(self, batch: PolicyBatch, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _gradients(
+        self, batch: PolicyBatch, params: list[torch.Tensor], model: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
         """d loss / d params via autograd.grad, so the live .grad fields are never written."""
         totals = [torch.zeros_like(p) for p in params]
         for micro in batch.split(self.settings.grad_accum_steps):
-            loss, _ = self.micro_batch_loss(micro)
+            loss, _ = self.micro_batch_loss(micro, model=model)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             for total, grad in zip(totals, grads):
                 if grad is not None:

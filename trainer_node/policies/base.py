@@ -161,13 +161,17 @@ class AnsweredFeedback:
         return self.accuracies
 
 
-def send_query(feedback: FeedbackContext, candidates: Sequence[Any]) -> PendingFeedback:
-    """Send a query without waiting when the context can (OwnerFeedback.submit); otherwise ask
-    synchronously. Either way the caller reads the release through the returned handle."""
-    submit = getattr(feedback, "submit", None)
+def send_query(
+    feedback: FeedbackContext, batch: Sequence[Group], weights: Sequence[Sequence[float]], asynchronous: bool
+) -> PendingFeedback:
+    """One query of lookahead candidates (one per weight vector). Asynchronous, when asked and the
+    context can (OwnerFeedback.submit_lookahead: candidates built, uploaded and scored off the
+    training thread); otherwise built and answered now. The caller reads the release from the
+    returned handle either way."""
+    submit = getattr(feedback, "submit_lookahead", None) if asynchronous else None
     if submit is not None:
-        return submit(candidates)
-    return AnsweredFeedback(feedback.evaluate(candidates))
+        return submit(batch, weights)
+    return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights)))
 
 
 class DataPolicy(ABC):

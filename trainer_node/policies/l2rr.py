@@ -98,7 +98,7 @@ class L2rrOptions(PolicyOptions):
     spsa_A: float = Field(default=10.0, ge=0, description="SPSA stability constant A.")
     spsa_c: float = Field(default=0.5, gt=0, description="SPSA perturbation size in log-weight space.")
     max_staleness: int = Field(
-        default=4, ge=0,
+        default=8, ge=0,
         description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
         "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
     )
@@ -245,7 +245,7 @@ class L2rrPolicy(DataPolicy):
         if not feedback.should_query(step):
             return
         plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
-        pending = send_query(feedback, feedback.candidates(batch, plan.weights))
+        pending = send_query(feedback, batch, plan.weights, asynchronous=self.options.max_staleness > 0)
         self._in_flight = InFlightQuery(step, plan, pending)
         self.collect_feedback(step)  # synchronous (max_staleness = 0): applied in this step
 
