@@ -32,6 +32,7 @@ from pathlib import Path
 import grpc
 
 from protocol import errors
+from protocol.adapter_rules import DEFAULT_MAX_ADAPTER_BYTES
 from protocol.errors import ProtocolError, invalid
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.validation import (
@@ -106,6 +107,7 @@ class CheckpointStore:
         self._probed_structures: set[str] = set()  # structure keys whose dry run passed (see structure_key)
         self._validated_structures: set[str] = set()  # structure keys that passed validate_checkpoint_dir
         self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.max_adapter_bytes = min(DEFAULT_MAX_ADAPTER_BYTES, max_checkpoint_bytes)  # GetInfo delta_support
         self.quota_bytes = quota_bytes
         self.blobs = self.root / "blobs"
         self.checkpoints = self.root / "checkpoints"
@@ -341,7 +343,9 @@ class CheckpointStore:
         structure = structure_key(entries, workdir)
         if structure not in self._validated_structures:
             try:
-                validate_checkpoint_dir(workdir, max_total_bytes=self.max_checkpoint_bytes)
+                validate_checkpoint_dir(
+                    workdir, max_total_bytes=self.max_checkpoint_bytes, max_adapter_bytes=self.max_adapter_bytes
+                )
             except CheckpointValidationError as error:
                 raise error.to_protocol_error() from None
             self._validated_structures.add(structure)

@@ -24,14 +24,18 @@ Protocol over a multiprocessing Pipe (all messages are tuples):
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from protocol.adapter_rules import ADAPTER_FILES
 
 # Error kinds the worker may report. The server maps them to generic messages.
 DATA_UNREADABLE = "data_unreadable"
@@ -93,44 +97,49 @@ class ModelCache:
         self.files_applied = 0  # safetensors files copied in place
 
     def get(self, checkpoint_id: str, directory: Path, digests: dict[str, str] | None = None) -> Any:
+        """The engine of a checkpoint folder (the base weights, plus its LoRA adapter if it has one)."""
         directory = Path(directory)
         digests = dict(digests or {})
-        weights = sorted(p.name for p in directory.iterdir() if p.name.endswith(".safetensors"))
-        structure = _structure_of(directory, digests)
+        names = sorted(p.name for p in directory.iterdir())
+        base_files = [name for name in names if name not in ADAPTER_FILES]
+        weights = [name for name in base_files if name.endswith(".safetensors")]
+        structure = _structure_of(directory, base_files, digests)  # the base: adapters do not change it
         slot = self._slots.get(structure)
         if slot is not None:
             self._slots.move_to_end(structure)
-            if slot.holds == checkpoint_id:
-                return slot.engine
-            if slot.in_place:
+            if slot.holds != checkpoint_id and slot.in_place:
                 self._apply(slot, directory, weights, digests)
-                slot.holds = checkpoint_id
-                return slot.engine
-        slot = self._load(directory, weights, digests)
-        slot.holds = checkpoint_id
-        self._slots[structure] = slot
-        self._slots.move_to_end(structure)
-        while len(self._slots) > self.spec.model_cache_size:
-            self._slots.popitem(last=False)
-            if str(self.spec.device).startswith("cuda"):
-                import torch
+            elif slot.holds != checkpoint_id:
+                slot = None  # this structure cannot be applied in place: a full load
+        if slot is None:
+            slot = self._load(directory, base_files, weights, digests)
+            self._slots[structure] = slot
+            self._slots.move_to_end(structure)
+            while len(self._slots) > self.spec.model_cache_size:
+                self._slots.popitem(last=False)
+                if str(self.spec.device).startswith("cuda"):
+                    import torch
 
-                torch.cuda.empty_cache()
+                    torch.cuda.empty_cache()
+        if slot.holds != checkpoint_id:
+            slot.adapter.use(slot.model, directory if ADAPTER_FILES[0] in names else None, digests)
+            slot.holds = checkpoint_id
         return slot.engine
 
-    def _load(self, directory: Path, weights: list[str], digests: dict[str, str]) -> _Resident:
+    def _load(self, directory: Path, base_files: list[str], weights: list[str], digests: dict[str, str]) -> _Resident:
         from rlvr_core.engines.registry import build_engine
         from rlvr_core.models.loading import load_policy
 
         dtype = _torch_dtype(self.spec.dtype, self.spec.device)
-        model, tokenizer = load_policy(directory, self.spec.device, dtype)
+        with _base_view(directory, base_files) as base:  # never a folder with adapter files: transformers
+            model, tokenizer = load_policy(base, self.spec.device, dtype)  # would hand those to PEFT
         self.full_loads += 1
         # Every engine gets the same input: the owner's batch size reaches any engine as
         # FixedShape.batch_prompts on each generate call (evaluation_shape), never as an option.
         engine = build_engine(self.spec.engine, model, tokenizer, device=self.spec.device)
         targets = _in_place_targets(model, directory, weights)
         loaded = {name: digests.get(name) for name in weights}
-        return _Resident(engine, model, targets, loaded)
+        return _Resident(engine, model, targets, loaded, AppliedAdapter())
 
     def _apply(self, slot: _Resident, directory: Path, weights: list[str], digests: dict[str, str]) -> None:
         import torch
@@ -150,6 +159,60 @@ class ModelCache:
             sync()
 
 
+class AppliedAdapter:
+    """The LoRA adapter a resident model runs with, as forward hooks on its linear layers:
+    out = W x + scale * B (A x), what PEFT computes, with the base weights untouched, so
+    removing the hooks restores the base exactly (no subtract-back rounding). The adapter was
+    validated at upload against the base's shapes (protocol.adapter_rules)."""
+
+    def __init__(self) -> None:
+        self.digest: str | None = None
+        self._handles: list[Any] = []
+
+    def use(self, model: Any, directory: Path | None, digests: dict[str, str]) -> None:
+        """Run `model` with the adapter in `directory` (None: none)."""
+        digest = None if directory is None else digests.get(ADAPTER_FILES[1])
+        if directory is not None and digest is not None and digest == self.digest:
+            return
+        self.remove()
+        if directory is None:
+            return
+        import torch
+        from safetensors.torch import load_file
+
+        from protocol.adapter_rules import parse_adapter_config
+
+        config = parse_adapter_config((directory / ADAPTER_FILES[0]).read_bytes())
+        rank, alpha = int(config["r"]), float(config["lora_alpha"])
+        scale = alpha / (rank**0.5 if config.get("use_rslora", False) else rank)
+        tensors = load_file(str(directory / ADAPTER_FILES[1]))
+        prefix = "base_model.model."
+        modules = sorted({name[len(prefix):].rsplit(".lora_", 1)[0] for name in tensors})
+        for module_name in modules:
+            module = model.get_submodule(module_name)
+            if not isinstance(module, torch.nn.Linear):
+                raise TypeError(f"adapter module {module_name} is not a linear layer")
+            weight = module.weight
+            down = tensors[f"{prefix}{module_name}.lora_A.weight"].to(weight.device, weight.dtype)  # (r, in)
+            up = tensors[f"{prefix}{module_name}.lora_B.weight"].to(weight.device, weight.dtype)  # (out, r)
+            self._handles.append(module.register_forward_hook(_lora_hook(down, up, scale)))
+        self.digest = digest
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self.digest = [], None
+
+
+def _lora_hook(down: Any, up: Any, scale: float):
+    import torch.nn.functional as F
+
+    def hook(module: Any, inputs: tuple, output: Any) -> Any:
+        return output + F.linear(F.linear(inputs[0], down), up) * scale
+
+    return hook
+
+
 @dataclass
 class _Resident:
     engine: Any
@@ -158,6 +221,7 @@ class _Resident:
     """Stored tensor name -> the model tensor it is copied into; None: in-place loading is off."""
     loaded: dict[str, str | None]
     """safetensors file -> sha256 of the content the model holds (None: unknown)."""
+    adapter: AppliedAdapter
     holds: str = ""
 
     @property
@@ -165,14 +229,36 @@ class _Resident:
         return self.targets is not None
 
 
-def _structure_of(directory: Path, digests: dict[str, str]) -> str:
-    """checkpoint_store.structure_key of a folder; JSON files without a known digest are hashed."""
+@contextmanager
+def _base_view(directory: Path, base_files: list[str]):
+    """`directory`, or, when it holds adapter files too, a sibling folder of links to its base files."""
+    if len(base_files) == len(list(directory.iterdir())):
+        yield directory
+        return
+    import shutil
+    import tempfile
+
+    view = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-base-"))
+    try:
+        for name in base_files:
+            try:
+                os.link(directory / name, view / name)
+            except OSError:
+                shutil.copyfile(directory / name, view / name)
+        yield view
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+
+
+def _structure_of(directory: Path, files: list[str], digests: dict[str, str]) -> str:
+    """checkpoint_store.structure_key of some files of a folder; JSON files without a known
+    digest are hashed."""
     import hashlib
 
     from target_owner_node.checkpoint_store import ManifestEntry, structure_key
 
     entries = []
-    for path in sorted(directory.iterdir()):
+    for path in (directory / name for name in files):
         digest = digests.get(path.name)
         if digest is None and not path.name.endswith(".safetensors"):
             digest = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -122,3 +122,69 @@ def test_a_structure_whose_stored_tensors_do_not_map_one_to_one_is_reloaded_in_f
     cache.get("h1", *first)
     cache.get("h2", *second)
     assert cache.full_loads == 2 and cache.files_applied == 0
+
+
+def with_adapter(source: Path, digests: dict[str, str], out: Path, rank: int = 2, alpha: float = 4.0, seed: int = 0):
+    """`source` plus a LoRA adapter on every q_proj and v_proj (as PEFT writes one); returns the
+    folder, its digests and the adapter's tensors."""
+    shutil.copytree(source, out)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, weight in _weights(source).items():
+        module = name.removesuffix(".weight")
+        if module.rsplit(".", 1)[-1] in ("q_proj", "v_proj"):
+            out_features, in_features = weight.shape
+            tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator)
+            tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": ["q_proj", "v_proj"]}))
+    digests = dict(digests) | {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                               for p in out.iterdir() if p.name.startswith("adapter_")}
+    return out, digests, tensors
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+def merged(source: Path, out: Path, tensors: dict[str, torch.Tensor], scale: float) -> tuple[Path, dict[str, str]]:
+    """`source` with W + scale * B A written into its weights (what PEFT's merge_and_unload gives)."""
+    prefix = "base_model.model."
+
+    def change(name, tensor):
+        a = tensors.get(f"{prefix}{name.removesuffix('.weight')}.lora_A.weight")
+        if a is None:
+            return tensor
+        b = tensors[f"{prefix}{name.removesuffix('.weight')}.lora_B.weight"]
+        return tensor + scale * (b @ a)
+
+    return sharded(source, out, change)
+
+
+def logits(engine) -> torch.Tensor:
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        return engine.model(input_ids=ids).logits
+
+
+def test_an_adapter_runs_in_memory_as_its_merged_weights_and_comes_off_exactly(checkpoints, tiny_checkpoint, tmp_path):
+    cache = ModelCache(SPEC)
+    base, base_digests = checkpoints["base"]
+    base_logits = logits(cache.get("base", base, base_digests)).clone()
+    adapted, adapted_digests, tensors = with_adapter(base, base_digests, tmp_path / "adapted")
+    engine = cache.get("adapted", adapted, adapted_digests)
+    assert cache.full_loads == 1 and cache.files_applied == 0, "the base stays resident; nothing reloaded"
+    reference = ModelCache(SPEC).get("merged", *merged(tiny_checkpoint, tmp_path / "merged", tensors, 4.0 / 2))
+    assert torch.allclose(logits(engine), logits(reference), atol=1e-4)
+    assert not torch.allclose(logits(engine), base_logits, atol=1e-3), "the adapter changes the model"
+
+    again = cache.get("base", base, base_digests)  # hooks removed: the base exactly, no subtract-back
+    assert torch.equal(logits(again), base_logits) and cache.full_loads == 1
+    other, other_digests, _ = with_adapter(base, base_digests, tmp_path / "other", seed=1)
+    cache.get("other", other, other_digests)
+    cache.get("adapted", adapted, adapted_digests)  # switching adapters: one set of hooks at a time
+    assert torch.allclose(logits(cache.get("adapted", adapted, adapted_digests)), logits(reference), atol=1e-4)
