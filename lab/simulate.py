@@ -79,6 +79,30 @@ def target_mix_pool(data: Any) -> tuple[Any, ...]:
     return tuple(data.feedback)
 
 
+def method_overrides(method: str) -> dict[str, Any]:
+    """What `--method NAME` sets: a registered data policy, or a registered update-seam rule
+    (DataFlex-RL's selection and reweighting configurations) on uniform sampling. Resolved
+    through the registries, so a plug-in policy or rule works the same way."""
+    from trainer_node.grpo.update_seam import SEAMS
+    from trainer_node.policies.base import POLICIES
+    from trainer_node.policies.options import DEFAULT_POLICY
+
+    if method in POLICIES:
+        return {"policy.name": method}
+    for seam, registry in SEAMS.items():
+        if method in registry:
+            return {"policy.name": DEFAULT_POLICY, f"grpo.{seam}": {"name": method}}
+    raise ValueError(f"--method {method!r} is neither a data policy nor an update rule")
+
+
+def method_names() -> list[str]:
+    """Every name `--method` accepts: data policies, update-seam rules, the target-mix diagnostic."""
+    from trainer_node.grpo.update_seam import SEAMS
+    from trainer_node.policies.base import policy_names
+
+    return [*policy_names(), *(name for registry in SEAMS.values() for name in registry.names()), TARGET_MIX]
+
+
 def resolve_config(opts: SimulateOptions) -> TrainConfig:
     """The run's config: the TOML (embedded defaults unless --config), the command's flags,
     then the options only a simulation knows (lab/policies: the oracle's target composition)."""
@@ -87,7 +111,7 @@ def resolve_config(opts: SimulateOptions) -> TrainConfig:
         overrides["policy.name"] = "uniform"
         overrides["data.train_on_feedback_split"] = True
     elif opts.method is not None:
-        overrides["policy.name"] = opts.method
+        overrides.update(method_overrides(opts.method))
     if opts.testbed is not None:
         overrides["data.testbed"] = opts.testbed
     if opts.seed is not None:
@@ -163,6 +187,10 @@ class Simulation:
         }
         if cfg.data.train_on_feedback_split:
             summary["diagnostic"] = TARGET_MIX
+        rules = {seam: getattr(cfg.grpo, seam).name for seam in ("selection", "reweighting")
+                 if getattr(cfg.grpo, seam) is not None}
+        if rules:
+            summary["update_rules"] = rules
         if selection is not None:
             summary["selection"] = selection.to_json()
             summary["target_accuracy_selected"] = selected_test["accuracy"]
@@ -192,7 +220,9 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
     eps = (f"{s['epsilon_spent']:.3f} of {s['epsilon_budget']:.3f}" if s["dp_enabled"] else "DP off (exact releases)")
     lines = [
         "",
-        f"simulate: {s['method']} on testbed {s['testbed']!r}, seed {s['seed']}, {s['steps']} steps",
+        (f"simulate: {s['method']}"
+         + "".join(f" + {seam} {name}" for seam, name in s.get("update_rules", {}).items())
+         + f" on testbed {s['testbed']!r}, seed {s['seed']}, {s['steps']} steps"),
         (f"  target test accuracy   {s['target_accuracy_before']:.3f} -> {s['target_accuracy_after']:.3f}"
          f"  ({delta:+.3f}, measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lab.simulate import SIMULATION_EPSILON, TARGET_MIX, SimulateOptions, run_simulation
-from trainer_node.policies.base import policy_names
+from lab.simulate import SIMULATION_EPSILON, SimulateOptions, method_names, run_simulation
 
 DESCRIPTION = """\
 Run the whole two-party system on this machine, on embedded defaults:
@@ -30,9 +29,12 @@ examples:
   trainer-node simulate --method dapo --steps 20 --out runs/dapo
   trainer-node simulate --no-dp                           # exact releases (no DP noise)
   trainer-node simulate --config my.toml                  # your own config instead of the defaults
-methods: uniform, dapo, greso, ar3po, l2rr (trainer_node/policies/); diagnostics that only a
-  simulation can run: oracle (lab/policies/: source domains in the target's composition) and
-  target_mix (uniform GRPO that also trains on the owner's feedback split)
+methods: uniform, dapo, greso, ar3po, l2rr, and DataFlex-RL's mixtures static, reward_gap,
+  dump_ucb, tscl (trainer_node/policies/); DataFlex-RL's selection rules difffilter, maxvar,
+  gfpo, topk and reweighting rules ar, per, softmax, diffband, each on uniform sampling
+  (trainer_node/grpo/update_rules/; docs/DATAFLEX.md); diagnostics that only a simulation can
+  run: oracle (lab/policies/: source domains in the target's composition) and target_mix
+  (uniform GRPO that also trains on the owner's feedback split)
 checkpoint selection by target feedback (any method): set [selection] every = K in --config
 defaults: lab/configs/simulate_default.toml"""
 
@@ -57,7 +59,7 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    known = [*policy_names(), TARGET_MIX]
+    known = method_names()
     if args.method is not None and args.method not in known:
         raise SystemExit(f"trainer-node simulate: --method {args.method!r} is unknown; choose one of: {', '.join(known)}")
 

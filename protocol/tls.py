@@ -231,7 +231,8 @@ def write_owner_pki(
     """The owner's `init` PKI: one CA issuing both the server and the trainer's client
     certificate. Writes ca.pem, ca.key, server.pem, server.key, client.pem, client.key
     and returns their paths under the keys ca_cert, ca_key, server_cert, server_key,
-    client_cert, client_key. Give client.pem/client.key to the trainer; keep ca.key."""
+    client_cert, client_key. A single-CA setup for a rehearsal on one machine (the owner made the
+trainer's key); across two organizations each makes its own CA (docs/DEPLOY.md)."""
     if isinstance(server_names, str) or not server_names:
         raise ValueError("server_names must be a non-empty list, e.g. ['localhost', '127.0.0.1']")
     directory = Path(directory)

@@ -23,6 +23,7 @@ import numpy as np
 from rlvr_core.engines.base import FixedShape, GenerationEngine, SamplingParams
 from rlvr_core.engines.row_seeds import MAX_SEED
 from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.rendering import Rendering, as_rendering
 
 ScoreFn = Callable[[str, Example], float]
 
@@ -78,7 +79,7 @@ class Decoding:
 def score_rows(
     engine: GenerationEngine,
     examples: Sequence[Example],
-    prompt_template: str,
+    rendering: Rendering | str,
     decoding: Decoding,
     row_keys: Sequence[int],
     shape: FixedShape | None = None,
@@ -88,20 +89,20 @@ def score_rows(
     """Scores in [0, 1], shape (len(examples),), one generate call for all rows.
 
     `row_keys[r]` (see `rlvr_core.engines.sampling.row_key`) seeds row r's randomness, so a
-    row's score never depends on which other rows are scored. `shape` (the owner) fixes every
-    forward pass's shape. `score_fn` defaults to `rlvr_core.verifiers.score_example`.
+    row's score never depends on which other rows are scored. `rendering`
+    (rlvr_core.tasks.rendering; a plain prompt template string is accepted) turns each row into
+    the model input. `shape` (the owner) fixes every forward pass's shape. `score_fn` defaults to `rlvr_core.verifiers.score_example`.
     Raises only for wrong arguments (ValueError naming the field) and for failures of the
     batched forward pass.
     """
-    from rlvr_core.tasks.prompting import render_prompt
-
+    rendering = as_rendering(rendering)
     if score_fn is None:
         from rlvr_core.verifiers import score_example as score_fn
     if len(row_keys) != len(examples):
         raise ValueError(f"row_keys has {len(row_keys)} entries for {len(examples)} examples; pass one per example")
     if not examples:
         return np.zeros(0)
-    prompts = [_render_or_empty(render_prompt, example, prompt_template) for example in examples]
+    prompts = [_render_or_empty(rendering, example) for example in examples]
     generations = engine.generate(
         prompts, decoding.samples_per_prompt, decoding.sampling_params(), row_keys=row_keys, shape=shape
     )
@@ -111,10 +112,10 @@ def score_rows(
     return scores
 
 
-def _render_or_empty(render: Callable[[str, str], str], example: Example, template: str) -> str:
+def _render_or_empty(rendering: Rendering, example: Example) -> str:
     """The rendered prompt, or "" (the engine's placeholder row, scored 0) if rendering fails."""
     try:
-        return str(render(example.prompt, template))
+        return str(rendering.render_example(example))
     except Exception:  # noqa: BLE001 - one row's failure must not fail the others
         return ""
 

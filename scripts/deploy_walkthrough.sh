@@ -11,10 +11,13 @@
 #   OWNER_SANS [127.0.0.1]        extra names/IPs in the server certificate (space separated)
 #   OWNER_LISTEN [127.0.0.1:<free port>]   server.listen_address
 #   HEALTH_ADDRESS [127.0.0.1:<free port>] server.health_address (plaintext, health only)
-#   METRICS_PORT [<free port>]    [metrics] port (loopback)
+#   METRICS_PORT [<free port>]    [metrics] port
+#   METRICS_HOST [127.0.0.1]      [metrics] host; another address sets allow_non_loopback (the compose
+#                                 demo binds its owner-only monitoring network, published on the host's loopback)
 #   STATE_MARKER [beside config.toml]  storage.state_marker (outside the storage folder; must be writable)
 #   TRAINER_TARGET [OWNER_HOST:<listen port>]  what the trainer's [feedback] target says
-#   TRAINER_TLS_DIR [WORKDIR/trainer/tls]      where the trainer's TLS files are (as seen by it)
+#   TRAINER_HOME [WORKDIR/trainer]   the trainer's folder as the trainer process sees it (run outputs)
+#   TRAIN_STEPS [3]               GRPO steps of step 11's L2RR run
 #   TESTBED [small]               testbed whose feedback split becomes the demo held-out data
 # tests/deploy/test_walkthrough.py runs this script, so the document stays true.
 set -euo pipefail
@@ -31,12 +34,7 @@ PY=${PYTHON:-python}
 
 step() { printf '\n== %s\n' "$*"; }
 
-# `feedback-protocol certs` once protocol/cli.py registers it; the same code as a module until then.
-if feedback-protocol certs --help >/dev/null 2>&1; then
-  certs() { feedback-protocol certs "$@"; }
-else
-  certs() { "$PY" -m protocol.certs_cli "$@"; }
-fi
+certs() { feedback-protocol certs "$@"; }
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -45,8 +43,10 @@ OWNER_SANS=${OWNER_SANS:-127.0.0.1}
 OWNER_LISTEN=${OWNER_LISTEN:-127.0.0.1:$(free_port)}
 HEALTH_ADDRESS=${HEALTH_ADDRESS:-127.0.0.1:$(free_port)}
 METRICS_PORT=${METRICS_PORT:-$(free_port)}
+METRICS_HOST=${METRICS_HOST:-127.0.0.1}
 TRAINER_TARGET=${TRAINER_TARGET:-$OWNER_HOST:${OWNER_LISTEN##*:}}
-TRAINER_TLS_DIR=${TRAINER_TLS_DIR:-$WORK/trainer/tls}
+TRAINER_HOME=${TRAINER_HOME:-$WORK/trainer}
+TRAIN_STEPS=${TRAIN_STEPS:-3}
 TESTBED=${TESTBED:-small}
 TRAINER_CN=trainer
 
@@ -96,20 +96,54 @@ cat >> "$NODE/config.toml" <<EOF
 
 [metrics]
 port = $METRICS_PORT
-host = "127.0.0.1"
+host = "$METRICS_HOST"
 EOF
+if [[ $METRICS_HOST != 127.0.0.1 ]]; then echo "allow_non_loopback = true" >> "$NODE/config.toml"; fi
 grep -A4 '^\[tls\]' "$NODE/config.toml"
 
-step "7. trainer: the [feedback] section of the run config"
+step "7. trainer: the [feedback] section of the run config (paths relative to the file)"
 cat > "$TRAINER/feedback.toml" <<EOF
 [feedback]
 target = "$TRAINER_TARGET"
-ca_cert = "$TRAINER_TLS_DIR/owner-ca.pem"
-client_cert = "$TRAINER_TLS_DIR/client.pem"
-client_key = "$TRAINER_TLS_DIR/client.key"
+ca_cert = "tls/owner-ca.pem"
+client_cert = "tls/client.pem"
+client_key = "tls/client.key"
 server_name = "$OWNER_HOST"
 EOF
 cat "$TRAINER/feedback.toml"
+# The run config of step 11: L2RR on the tiny CPU policy, learning from the owner's feedback.
+cat > "$TRAINER/train.toml" <<EOF
+[model]
+tiny = true
+cache_dir = "$TRAINER_HOME/runs/cache"
+[model.tiny_spec]
+hidden_size = 64
+num_layers = 2
+num_heads = 2
+num_kv_heads = 1
+intermediate_size = 128
+sft_steps = 300
+
+[data]
+testbed = "$TESTBED"
+eval_size = 16
+
+[policy]
+name = "l2rr"
+batch_size = 8
+rollouts_per_prompt = 4
+lookahead_max_clusters = 2
+
+[rollout]
+max_new_tokens = 6
+
+[run]
+steps = $TRAIN_STEPS
+out_dir = "$TRAINER_HOME/runs/walkthrough"
+device = "cpu"
+
+EOF
+cat "$TRAINER/feedback.toml" >> "$TRAINER/train.toml"
 
 if [[ $SETUP_ONLY == 1 ]]; then
   echo
@@ -134,33 +168,21 @@ grep -q '^listening on ' "$OWNER/serve.out" || { echo "serve did not start in 18
 step "9. owner: health probe (what the container HEALTHCHECK runs)"
 "$PY" -m target_owner_node.healthcheck --config "$NODE/config.toml"
 
-step "10. trainer: check the connection with the [feedback] settings (GetInfo, GetBudget)"
-"$PY" - "$TRAINER/feedback.toml" <<'EOF'
+step "10. trainer: check the connection with the [feedback] settings (TLS, GetInfo, GetBudget)"
+trainer-node check-owner --config "$TRAINER/train.toml"
+
+step "11. trainer: train with L2RR, learning from the owner's feedback"
+trainer-node train --config "$TRAINER/train.toml" --no-progress
+"$PY" - "$TRAINER/runs/walkthrough/summary.json" <<'EOF'
+import json
 import sys
-import tomllib
-from pathlib import Path
 
-from trainer_node.feedback.client import ClientSettings, TargetFeedbackClient
-
-feedback = tomllib.loads(Path(sys.argv[1]).read_text())["feedback"]
-settings = ClientSettings(
-    target=feedback["target"],
-    ca_cert=Path(feedback["ca_cert"]),
-    client_cert=Path(feedback["client_cert"]),
-    client_key=Path(feedback["client_key"]),
-    server_name=feedback.get("server_name"),
-    max_attempts=3,
-)
-with TargetFeedbackClient(settings) as client:
-    info, budget = client.info(), client.budget()
-print(f"connected to {settings.target}: protocol {info.protocol_version}, {info.heldout_size} held-out rows")
-print(
-    f"privacy: epsilon budget {budget.epsilon_budget:g} (spent {budget.epsilon_spent:g}), "
-    f"delta {budget.delta:g}, noise std per released accuracy {info.privacy.noise_std:.4f}"
-)
+summary = json.load(open(sys.argv[1]))
+print(f"trained with feedback: {summary['feedback_queries']} queries ({summary['feedback_failures']} failed), "
+      f"epsilon spent {summary['epsilon_spent']:.3f}, rendering: {summary['rendering']}")
 EOF
 
-step "11. owner: metrics (loopback only)"
+step "12. owner: metrics (on the owner's loopback)"
 "$PY" - "$METRICS_PORT" <<'EOF'
 import sys
 import urllib.request
@@ -171,7 +193,7 @@ for line in text.splitlines():
         print(line)
 EOF
 
-step "12. owner: stop (SIGTERM drains in-flight calls) and verify the audit log"
+step "13. owner: stop (SIGTERM drains in-flight calls) and verify the audit log"
 kill -TERM "$SERVE_PID"
 wait "$SERVE_PID"
 echo "serve exited with status $?"

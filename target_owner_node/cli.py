@@ -26,7 +26,8 @@ is written to disk before any number leaves the machine.
 Typical first run:
   target-owner-node init mynode                 # writes mynode/config.toml, pki/, data
   target-owner-node serve --config mynode/config.toml
-  # give the trainer mynode/pki/ca.pem + its client certificate and key
+  # a rehearsal on one machine: the trainer uses mynode/pki/ca.pem, client.pem, client.key;
+  # across two organizations each makes its own CA and only ca.pem files cross (docs/DEPLOY.md)
   target-owner-node audit verify --config mynode/config.toml
 
 If the privacy ledger is lost, the node refuses to start; rebuild it from the audit log:
@@ -223,9 +224,11 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(
             f"wrote {path} ({name}, keep on this machine)" if name != "ca_cert" else f"wrote {path} ({name})"
         )
-    print("hand these files to the trainer (and nothing else):")
+    print("for a rehearsal on ONE machine, the trainer uses these files (init made its key here):")
     for name, path in sorted(result.trainer_files.items()):
         print(f"  {path}  ({name})")
+    print("across two organizations no private key crosses: the trainer makes its own CA and key, and the two")
+    print("organizations exchange only their ca.pem files; delete pki/ (docs/DEPLOY.md, Step by step)")
     print(f"then run: target-owner-node serve --config {result.config_path}")
     return 0
 

@@ -29,6 +29,7 @@ from rlvr_core.configuration import (
     validate,
 )
 from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
+from rlvr_core.tasks.rendering import CHAT_FORMATS, Rendering, RenderingError, read_chat_template
 from rlvr_core.verifiers import verifier_names
 
 PER_EXAMPLE = "per_example"
@@ -63,12 +64,27 @@ class DataConfig(Section):
     answer_format: str = Field(default="", description="Public description of the expected answer format.")
     prompt_template: str = Field(
         default=DEFAULT_PROMPT_TEMPLATE,
-        description="How each held-out prompt is rendered; contains {prompt} once.",
+        description="How each held-out prompt is rendered; contains {prompt} once. With a chat rendering it "
+        "fills the user turn.",
+    )
+    chat_format: str | None = Field(
+        default=None,
+        description="Render each prompt as a chat with a built-in format (rlvr_core.tasks.rendering."
+        f"CHAT_FORMATS: {', '.join(CHAT_FORMATS)}): the owner's choice, published in GetInfo. The owner never "
+        "runs a chat template that came with an upload.",
+    )
+    chat_template_path: ConfigPath | None = Field(
+        default=None,
+        description="Instead of chat_format: a Jinja chat template file in the owner's own folder (sandboxed; it "
+        "gets `messages` and `add_generation_prompt`; write special tokens literally). Published in GetInfo.",
     )
     verifier: str = Field(
         default="per_example",
-        description="'per_example' (each row names its verifier) or one verifier name applied to every row.",
+        description="'per_example' (each row names its verifier) or one registered verifier applied to every "
+        "row: a built-in or an installed plug-in (entry-point group target_feedback.verifiers).",
     )
+
+    _chat_template: str = PrivateAttr(default="")
 
     @field_validator("min_heldout_size")
     @classmethod
@@ -81,6 +97,33 @@ class DataConfig(Section):
     @classmethod
     def _template(cls, v: str) -> str:
         return validate_template(v)
+
+    @field_validator("chat_format")
+    @classmethod
+    def _chat_format(cls, v: str | None) -> str | None:
+        if v is not None and v not in CHAT_FORMATS:
+            raise ValueError(f"must be one of {', '.join(CHAT_FORMATS)}; got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _read_chat_template(self) -> DataConfig:
+        if self.chat_format is not None and self.chat_template_path is not None:
+            raise ValueError("chat_format and chat_template_path: set at most one (a built-in format, or your own "
+                             "template file)")
+        if self.chat_template_path is not None:
+            try:
+                self._chat_template = read_chat_template(self.chat_template_path)
+            except RenderingError as error:
+                raise ValueError(f"chat_template_path: {error}") from None
+        return self
+
+    def rendering(self) -> Rendering:
+        """How held-out prompts are rendered (the owner's choice; GetInfo publishes it)."""
+        if self.chat_format is not None:
+            return Rendering.chat(self.chat_format, self.prompt_template)
+        if self._chat_template:
+            return Rendering(self.prompt_template, self._chat_template)
+        return Rendering(self.prompt_template)
 
     @field_validator("verifier")
     @classmethod

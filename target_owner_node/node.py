@@ -87,6 +87,7 @@ def served_test_path(config: OwnerConfig) -> Path | None:
 
 def worker_spec(config: OwnerConfig) -> WorkerSpec:
     data, evaluation = config.data, config.evaluation
+    rendering = data.rendering()
     return WorkerSpec(
         heldout_path=data.heldout_path,
         test_path=served_test_path(config),
@@ -101,6 +102,8 @@ def worker_spec(config: OwnerConfig) -> WorkerSpec:
         max_new_tokens=evaluation.max_new_tokens,
         max_samples_per_prompt=evaluation.max_samples_per_prompt,
         task_description=data.task_description,
+        chat_template=rendering.chat_template,
+        chat_format=rendering.chat_format,
     )
 
 

@@ -2,8 +2,9 @@
 
 Writes DIR/config.toml, DIR/pki/ (the owner's CA, the server certificate and one client
 certificate for the trainer), DIR/heldout.jsonl and DIR/test.jsonl (the testbed's feedback
-and test splits) and DIR/storage/. The trainer receives only ca.pem and its client
-certificate + key; every other file stays with the owner.
+and test splits) and DIR/storage/. The single-CA pki/ serves a rehearsal on one machine (the
+trainer there uses ca.pem and the client certificate + key); across two organizations each
+makes its own CA, only ca.pem files cross and pki/ is deleted (docs/DEPLOY.md).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ min_heldout_size = {min_heldout_size}
 task_description = {task_description}
 answer_format = {answer_format}
 prompt_template = {prompt_template}
-verifier = "per_example"              # or one verifier name for every row, e.g. "exact_match"
+# chat_format = "chatml"              # render each prompt as a chat turn: a built-in format (published in GetInfo)
+# chat_template_path = "chat.jinja"   # ...or your own Jinja chat template file (never one from an upload)
+verifier = "per_example"              # or one verifier for every row: "exact_match", or an installed plug-in's name
 
 [evaluation]
 engine = "transformers"

@@ -23,7 +23,7 @@ from protocol.errors import ProtocolError
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
 from protocol.validation import ALLOWED_ARCHITECTURES, ALLOWED_JSON_FILES, MAX_CHUNK_BYTES
-from target_owner_node.config import OwnerConfig, is_loopback, split_address
+from target_owner_node.config import PER_EXAMPLE, OwnerConfig, is_loopback, split_address
 from target_owner_node.evaluate_request import parse_evaluate_request
 from target_owner_node.logs import log_event
 from target_owner_node.metrics import MetricsEndpoint, OwnerMetrics, serve_metrics
@@ -36,12 +36,6 @@ MAX_RECEIVE_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
 INSECURE_IDENTITY = "insecure-loopback"
 # errors.py has no generic-internal reason; unexpected failures reuse EVALUATION_FAILED.
 INTERNAL_REASON = errors.EVALUATION_FAILED
-_VERIFIER_KINDS = {
-    "per_example": pb.VERIFIER_KIND_PER_EXAMPLE,
-    "exact_match": pb.VERIFIER_KIND_EXACT_MATCH,
-    "math_verify": pb.VERIFIER_KIND_MATH_VERIFY,
-    "reasoning_gym": pb.VERIFIER_KIND_REASONING_GYM,
-}
 
 
 @dataclass(frozen=True)
@@ -239,11 +233,14 @@ def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> 
             row_cap_tail=privacy.row_cap_tail,
         )
     evaluation = config.evaluation
+    verifier_kind, verifier_name = declared_verifier(config.data.verifier)
+    rendering = config.data.rendering()
     return pb.GetInfoResponse(
         protocol_version=PROTOCOL_VERSION,
         task_description=config.data.task_description,
         answer_format=config.data.answer_format,
-        verifier_kind=_VERIFIER_KINDS.get(config.data.verifier, pb.VERIFIER_KIND_UNSPECIFIED),
+        verifier_kind=verifier_kind,
+        verifier_name=verifier_name,
         heldout_size=facts.heldout_size,
         privacy=privacy_pb,
         decoding_limits=pb.DecodingLimits(
@@ -265,11 +262,27 @@ def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> 
             max_lora_rank=MAX_LORA_RANK,
             max_adapter_bytes=node.store.max_adapter_bytes,
         ),
-        prompt_template=config.data.prompt_template,
+        prompt_template=rendering.prompt_template,
+        chat_template=rendering.chat_template,
+        chat_format=rendering.chat_format,
         test_split_enabled=facts.test_domains is not None,
         test_size=facts.test_size,
         test_domains=list(facts.declared_test_domains),
     )
+
+
+def declared_verifier(setting: str) -> tuple[int, str]:
+    """(VerifierKind, verifier_name) for GetInfo: PER_EXAMPLE with no name, or the verifier's own
+    kind (a capability of its class; plug-ins are VERIFIER_KIND_NAMED) and its registered name."""
+    from rlvr_core.verifiers import VERIFIERS
+
+    if setting == PER_EXAMPLE:
+        return pb.VERIFIER_KIND_PER_EXAMPLE, ""
+    kind = getattr(VERIFIERS.get(setting), "info_kind", "")
+    value = pb.VerifierKind.Value(kind) if kind in set(pb.VerifierKind.keys()) else pb.VERIFIER_KIND_NAMED
+    if value in (pb.VERIFIER_KIND_UNSPECIFIED, pb.VERIFIER_KIND_PER_EXAMPLE):  # not a claim one verifier can make
+        value = pb.VERIFIER_KIND_NAMED
+    return value, setting
 
 
 def evaluate_response(result: ReleaseResult) -> pb.EvaluateResponse:

@@ -60,6 +60,15 @@ class WorkerSpec:
     max_new_tokens: int = 64  # the owner's caps: a dry run exercises the largest shape a query may ask
     max_samples_per_prompt: int = 8
     task_description: str = ""
+    chat_template: str = ""  # the owner's chosen chat template (config data.chat_format / chat_template_path)
+    chat_format: str = ""
+
+    @property
+    def rendering(self):
+        """How held-out prompts become model input: the owner's config, never the upload's."""
+        from rlvr_core.tasks.rendering import Rendering
+
+        return Rendering(self.prompt_template, self.chat_template, self.chat_format)
 
 
 # Public text the dry run feeds every new checkpoint: the printable ASCII range, digits,
@@ -316,7 +325,7 @@ def score_split(engine: Any, spec: WorkerSpec, split: Split, indices: list[int],
     return score_rows(
         engine,
         [split.examples[i] for i in indices],
-        spec.prompt_template,
+        spec.rendering,
         settings,
         row_keys=[split.keys[i] for i in indices],
         shape=evaluation_shape(spec, engine, settings.max_new_tokens),
@@ -332,10 +341,10 @@ def dry_run(engine: Any, spec: WorkerSpec) -> None:
     """
     from rlvr_core.engines.base import SamplingParams
     from rlvr_core.engines.transformers_engine import max_positions
-    from rlvr_core.tasks.prompting import render_prompt
 
     max_new_tokens = max(1, min(spec.max_new_tokens, max_positions(engine.model) - 1))
-    prompts = [render_prompt(text, spec.prompt_template) for text in PROBE_TEXTS]
+    rendering = spec.rendering
+    prompts = [rendering.render(text) for text in PROBE_TEXTS]
     prompts += [spec.task_description] if spec.task_description else []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
     engine.generate(

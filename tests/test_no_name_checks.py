@@ -58,6 +58,8 @@ WATCHED = [
     Watched("trainer_node.policies.l2rr_estimators:ESTIMATORS"),
     Watched("protocol.conformance.registry:CHECKS", module_of=lambda check: check.function.__module__),
     Watched("trainer_node.policies.base:POLICIES"),
+    Watched("trainer_node.grpo.update_seam:SELECTIONS"),
+    Watched("trainer_node.grpo.update_seam:REWEIGHTINGS"),
 ]
 
 import lab.policies  # noqa: E402,F401 - registers the simulation-only policies, so their names are watched too

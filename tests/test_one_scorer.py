@@ -13,6 +13,7 @@ import numpy as np
 import rlvr_core.scoring
 from rlvr_core.engines.base import FixedShape
 from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.rendering import Rendering
 
 EXAMPLES = [Example(id=f"r{i}", prompt=f"{i}+1=", answer=str(i + 1)) for i in range(3)]
 
@@ -36,7 +37,7 @@ def test_owner_worker_and_trainer_evaluation_call_the_same_scorer(monkeypatch):
     assert evaluation.score_rows is rlvr_core.scoring.score_rows
     owner_calls = _recording(monkeypatch, rlvr_core.scoring, "score_rows")  # the worker imports it at call time
     monkeypatch.setattr(worker, "evaluation_shape", lambda spec, engine, tokens: FixedShape(16, 4))
-    spec = SimpleNamespace(prompt_template="{prompt}")
+    spec = SimpleNamespace(rendering=Rendering("{prompt}"))
     split = worker.Split(EXAMPLES, [row_key(e.id) for e in EXAMPLES])
     decoding = {"max_new_tokens": 2, "samples_per_prompt": 1, "temperature": 0.0, "seed": 0}
     worker.score_split(object(), spec, split, [2, 0], decoding)

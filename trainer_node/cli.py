@@ -28,16 +28,23 @@ DEFAULT_CONFIG = Path(__file__).parent / "configs" / "train_default.toml"
 def add_train(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="GRPO on the source data with a data policy (no target feedback)",
+        help="GRPO on your source prompts with a data policy; with [feedback], guided by a target owner",
         description=(
-            "Run GRPO on the testbed's source split with the data policy named in the config.\n"
-            "No target owner is contacted: progress is measured on a held-out slice of the\n"
-            "source data. Writes metrics.jsonl, summary.json, PNG plots, resolved_config.json\n"
-            "and checkpoints/step_N/ under the run directory."
+            "Run GRPO on the source prompts (a testbed, or your own [data.prompts]) with the data\n"
+            "policy named in the config, on the tiny policy or your own model folder ([model] path).\n"
+            "Without a [feedback] section no target owner is contacted. With one, train is the\n"
+            "owner's client: it first checks the owner (certificate files, TLS handshake, GetInfo,\n"
+            "GetBudget) and exits non-zero at once, naming the setting to fix, when the owner is\n"
+            "misconfigured, refuses it or (feedback.required = true, the default) is unreachable;\n"
+            "it renders prompts as the owner publishes and uploads checkpoints for its feedback. A\n"
+            "privacy budget that runs out mid-run stops feedback, not training. Progress is measured\n"
+            "on a held-out slice of the source. Writes metrics.jsonl, summary.json, PNG plots,\n"
+            "resolved_config.json and checkpoints/step_N/ under the run directory."
         ),
         epilog=(
             "example:\n  trainer-node train --steps 20 --out runs/demo   # packaged default config\n"
             "  trainer-node train --config my.toml --resume runs/demo   # continue from its newest checkpoint\n"
+            "  trainer-node check-owner --config my.toml                # the [feedback] owner answers?\n"
             "config reference: trainer_node/configs/train_default.toml (every key, with comments)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -63,6 +70,43 @@ def run_train(args: argparse.Namespace) -> int:
         out = latest_checkpoint(args.resume).parent.parent  # run_dir/checkpoints/step_N
     config = load_config(args.config, {"run.steps": args.steps, "run.out_dir": out and str(out), "run.seed": args.seed})
     run_training(config, resume=args.resume, progress=not args.no_progress)
+    return 0
+
+
+def add_check_owner(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check-owner",
+        help="connect to the [feedback] owner: print its task card and budget, exit 0 (ok) or 1",
+        description=(
+            "Check the target owner of a config's [feedback] section the way `train` does at start:\n"
+            "the certificate files, a TLS handshake with them (a wrong CA, server name or client\n"
+            "certificate is named as such), then GetInfo and GetBudget. Prints the owner's public\n"
+            "task card and privacy budget. Spends nothing. Exit 0 when the owner answers, 1 when not."
+        ),
+        epilog="example:\n  trainer-node check-owner --config my_run.toml   # a run config, or a file with only [feedback]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, required=True,
+                        help="a TOML file with a [feedback] section (a run config, or only that section)")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                        help="seconds to wait for the TCP connection and the TLS handshake (default 5)")
+    parser.set_defaults(run=run_check_owner)
+
+
+def run_check_owner(args: argparse.Namespace) -> int:
+    from trainer_node.config import load_feedback_section
+    from trainer_node.feedback.client import FeedbackError
+    from trainer_node.feedback.preflight import check_owner, describe_owner
+
+    try:
+        feedback = load_feedback_section(args.config)
+        status = check_owner(feedback.client_settings(), timeout_s=args.timeout)
+    except (ConfigError, FeedbackError) as error:
+        print(f"trainer-node check-owner: error: {error}", file=sys.stderr)
+        return 1
+    print(f"connected to {feedback.target}")
+    for line in describe_owner(status):
+        print(line)
     return 0
 
 
@@ -106,7 +150,7 @@ def run_lab_command(name: str, args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    add_train, *(add_lab_command(name) for name in LAB_COMMANDS),
+    add_train, add_check_owner, *(add_lab_command(name) for name in LAB_COMMANDS),
 ]
 
 
@@ -138,15 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, _user_errors()):
             raise
-        # Config and checkpoint problems are the user's to fix: one clear message, no traceback.
+        # Config, checkpoint and owner problems are the user's to fix: one clear message naming the
+        # setting, no traceback, exit 2.
         print(f"trainer-node: error: {error}", file=sys.stderr)
         return 2
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from trainer_node.feedback.preflight import OwnerStartError
     from trainer_node.grpo.checkpoint import CheckpointError
 
-    return (ConfigError, CheckpointError, LabUnavailable)
+    # OwnerStartError: the [feedback] owner cannot be used as configured (it names the setting).
+    return (ConfigError, CheckpointError, LabUnavailable, OwnerStartError)
 
 
 if __name__ == "__main__":

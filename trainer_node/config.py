@@ -13,8 +13,10 @@ the policy it names (its options sit directly in the table), `[rollout.options]`
 engine's, `[model.tiny_spec]` by TinyPolicySpec. The resolved config (every default used
 filled in) is written as JSON next to every run (resolved_config.json).
 
-Relative paths of inputs (model.path, the [feedback] certificates) resolve against the
-config file's folder; outputs (run.out_dir, model.cache_dir) against the working directory.
+Every input path in the file (model.path, data.testbed when it is a file, data.prompts.path,
+the [feedback] certificates) resolves against the config file's folder, as in the owner's
+config. Outputs (run.out_dir, model.cache_dir) are relative to the working directory, like the
+command line's --out, so a packaged or shared config writes where the command runs.
 Defaults fit the tiny CPU setting (a few-million-parameter model, short answers).
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlvr_core.configuration import (
     ConfigError,
@@ -36,6 +38,7 @@ from rlvr_core.configuration import (
     validate_options,
 )
 from rlvr_core.models.tiny_spec import TinyPolicySpec
+from rlvr_core.tasks.prompt_data import PromptSetSpec
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.policies.options import PolicyOptions
 
@@ -47,8 +50,9 @@ class ModelConfig(Section):
 
     path: ConfigPath | None = Field(
         default=None,
-        description="A local model directory (config.json + *.safetensors + tokenizer), relative to the "
-        "config file's folder. Never a hub id.",
+        description="A local transformers causal-LM folder as save_pretrained or the hub write it (config.json, "
+        "safetensors weights, possibly sharded, tokenizer files, chat_template.jinja; README, LICENSE and "
+        "images are ignored), relative to the config file's folder. Never a hub id; never pickle weights.",
     )
     tiny: bool = Field(
         default=False, description="Build (or reuse from cache_dir) the tiny policy: tokenizer + SFT on the "
@@ -61,8 +65,8 @@ class ModelConfig(Section):
     )
     cache_dir: Path = Field(
         default=Path(".cache/tiny_policies"),
-        description="Where built tiny policies are cached, keyed by spec and data (relative to the working "
-        "directory).",
+        description="Where built tiny policies are cached, keyed by spec and data (an output: relative to the "
+        "working directory).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Weights dtype.")
 
@@ -76,11 +80,27 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """The trainer's source data."""
+    """The trainer's source data: a testbed, or its own prompts ([data.prompts]), and how prompts are rendered."""
 
     testbed: str = Field(
         default="default", description="A testbed name (rlvr_core.tasks.testbed) or a path to a testbed "
-        "TOML file."
+        "TOML file. Not used with [data.prompts]."
+    )
+    prompts: PromptSetSpec | None = Field(
+        default=None,
+        description="Your own prompt set instead of a testbed: JSONL, Parquet, a `datasets` folder or verl's RL "
+        "parquet (rlvr_core/tasks/prompt_data.py), with configurable columns and a default verifier.",
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        description="How a prompt fills the user turn, with {prompt} once (default: the testbed's, or "
+        "\"{prompt}\\nAnswer:\" with [data.prompts]).",
+    )
+    rendering: Literal["auto", "owner", "tokenizer", "template"] = Field(
+        default="auto",
+        description="How prompts become model input. owner: the target owner's published rendering (GetInfo), so "
+        "both parties score the same text; tokenizer: the model's own chat template; template: prompt_template "
+        "alone. auto: owner with [feedback], else tokenizer when the tokenizer has a chat template, else template.",
     )
     eval_size: int = Field(
         default=64, ge=0, description="Source examples held out of the training pool for `train`'s local "
@@ -91,6 +111,29 @@ class DataConfig(Section):
         description="The \"target-mix\" diagnostic (simulate only): add the owner's feedback split to the "
         "training pool. It breaks the two-party privacy model on purpose, as an upper reference.",
     )
+
+    @field_validator("testbed")
+    @classmethod
+    def _testbed_file_beside_config(cls, testbed: str, info: ValidationInfo) -> str:
+        from rlvr_core.configuration import resolve_config_path
+        from rlvr_core.tasks.testbed import testbed_names
+
+        if testbed in testbed_names():
+            return testbed
+        return str(resolve_config_path(Path(testbed), info))  # a testbed file is an input: beside the config
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, template: str | None) -> str | None:
+        from rlvr_core.tasks.prompting import validate_template
+
+        return None if template is None else validate_template(template)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if self.prompts is not None and "testbed" in self.model_fields_set:
+            raise ValueError("testbed and prompts: set one source, a testbed or [data.prompts]")
+        return self
 
 
 class RolloutConfig(Section):
@@ -147,7 +190,7 @@ class RunConfig(Section):
     steps: int = Field(default=300, gt=0, description="GRPO steps (total, counting resumed ones).")
     seed: int = Field(default=0, description="Run seed: initial policy, sampling, rollouts.")
     out_dir: Path = Field(
-        default=Path("runs/train"), description="Run directory (relative to the working directory)."
+        default=Path("runs/train"), description="Run directory (an output: relative to the working directory)."
     )
     eval_every: int = Field(
         default=0, ge=0, description="Local eval on the held-out source slice every k steps (0 = only "
@@ -184,9 +227,17 @@ class SelectionConfig(Section):
 class FeedbackConfig(Section):
     """A remote target owner to learn from (two-party deployment). Absent = no feedback.
 
-    Certificate paths are relative to the config file's folder."""
+    Certificate paths are relative to the config file's folder. At start `train` checks the
+    files, the TLS handshake and the owner's answer (trainer_node/feedback/preflight.py)."""
 
     target: str = Field(description="The owner's address, HOST:PORT.")
+    required: bool = Field(
+        default=True,
+        description="Stop with an error when the owner is unreachable or refuses this trainer at start (true), or "
+        "train on without feedback when it is unreachable (false). A wrong CA, server name or certificate always "
+        "stops the run; a privacy budget that runs out mid-run never does (the summary says when feedback "
+        "stopped and why).",
+    )
     ca_cert: ConfigPath = Field(
         description="The OWNER organization's CA certificate (verifies the owner's server certificate)."
     )
@@ -205,7 +256,9 @@ class FeedbackConfig(Section):
         default=600.0, gt=0, description="Deadline of one Evaluate call (seconds)."
     )
     max_attempts: int = Field(
-        default=5, ge=1, description="Attempts for UNAVAILABLE only; RESOURCE_EXHAUSTED is never retried."
+        default=5, ge=1, le=5,
+        description="Attempts for UNAVAILABLE only (grpc's retry policy, which allows at most 5); "
+        "RESOURCE_EXHAUSTED, UNAUTHENTICATED and PERMISSION_DENIED are never retried.",
     )
     samples_per_prompt: int = Field(
         default=1, ge=1, description="Samples per held-out prompt the owner decodes (k)."
@@ -328,6 +381,24 @@ def parse_config(
     Relative input paths resolve against `base_dir` (the config file's folder; None: as given)."""
     raw = with_overrides(raw, overrides)
     return validate(TrainConfig, raw, source=source or "(dict)", reference=REFERENCE, base_dir=base_dir)
+
+
+def load_feedback_section(path: Path | str) -> FeedbackConfig:
+    """The [feedback] section of a TOML file (a run config, or a file holding only that section),
+    paths resolved against the file's folder; ConfigError when it has none or it is invalid."""
+    path = Path(path).expanduser()
+    raw = load_toml(path)
+    section = raw.get("feedback")
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: no [feedback] section (target, ca_cert, client_cert, client_key); see "
+                          "docs/DEPLOY.md step 7")
+    try:
+        return FeedbackConfig.model_validate(section, context={"base_dir": path.resolve().parent})
+    except ValidationError as error:
+        from rlvr_core.configuration import format_errors
+
+        wrapped = format_errors(error, str(path), reference=REFERENCE)
+        raise ConfigError(wrapped.replace("\n  ", "\n  feedback.")) from None
 
 
 def load_config(path: Path | str, overrides: dict[str, Any] | None = None) -> TrainConfig:

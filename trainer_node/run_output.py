@@ -42,7 +42,8 @@ class RunOutput:
         elif start_step > 0:
             _truncate_after(self.metrics_path, start_step)  # resume: drop steps past the checkpoint
         self.started = time.perf_counter()
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="grpo", unit="step", disable=not progress)
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="grpo", unit="step",
+                        disable=None if progress else True)  # None: quiet off a terminal
         self.last_train: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
 

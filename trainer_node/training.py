@@ -1,16 +1,24 @@
 """Assemble a GRPO run from a TrainConfig and drive it: the `train` subcommand's body.
 
-`build_training` wires testbed -> source pool -> model -> engine -> policy -> trainer and is
-reusable (the lab builds its simulated runs with it). `connect_feedback` hands the run an
-owner's feedback. `run_training` drives the one run loop (trainer_node/loop.py) with the
-source-slice evaluation and, when [feedback] names an owner, the owner's feedback hook.
-`train` never touches target data: the testbed's feedback and test splits are not used here.
+`build_training` wires source data -> model -> rendering -> engine -> policy -> trainer and is
+reusable (the lab builds its simulated runs with it). The source data is a testbed or the
+trainer's own prompt set ([data.prompts]); the model is the tiny policy or the trainer's own
+folder, loaded with the looser own-folder rule (rlvr_core/models/model_folder.py).
+
+`run_training` is `train`: with a [feedback] section it first checks the owner (files, TLS,
+GetInfo, GetBudget: trainer_node/feedback/preflight.py) and stops at once, with the setting to
+fix, when the owner is misconfigured, refuses this trainer or, with `feedback.required`
+(the default), cannot be reached; then it renders prompts as the owner publishes (so both
+parties score the same text), checks that the owner would accept this model's checkpoints,
+and drives the one run loop (trainer_node/loop.py) with the owner's feedback hook. Without
+[feedback] no owner is contacted and progress is measured on a held-out slice of the source.
+`train` never touches target data.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +27,8 @@ import numpy as np
 import torch
 
 from rlvr_core.tasks.example import Example
-from trainer_node.config import ConfigError, ModelConfig, TrainConfig
+from rlvr_core.tasks.rendering import Rendering, RenderingError
+from trainer_node.config import ConfigError, DataConfig, ModelConfig, TrainConfig
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
@@ -29,6 +38,7 @@ from trainer_node.run_output import RunOutput
 
 if TYPE_CHECKING:
     from trainer_node.feedback.context import OwnerClient, OwnerFeedback
+    from trainer_node.feedback.preflight import OwnerStatus
 
 log = logging.getLogger("trainer_node.training")
 
@@ -38,9 +48,9 @@ EVAL_SEED = 1234  # fixed so every eval of a run (and across runs) decodes the s
 @dataclass
 class TrainingSetup:
     config: TrainConfig
-    testbed: Any                 # rlvr_core TestbedSpec
-    data: Any                    # rlvr_core TestbedData (source, feedback, test)
-    template: str
+    testbed: Any                 # rlvr_core TestbedSpec, or None with [data.prompts]
+    data: Any                    # rlvr_core TestbedData (source, feedback, test); only source with [data.prompts]
+    template: str                # the plain prompt template (the lab's owner renders with it)
     pool: SourcePool
     eval_examples: tuple[Example, ...]
     model_dir: Path
@@ -49,6 +59,71 @@ class TrainingSetup:
     engine: Any
     policy: DataPolicy
     trainer: GRPOTrainer
+    rendering: Rendering | None = None  # how prompts become model input (rlvr_core.tasks.rendering)
+
+
+@dataclass(frozen=True)
+class SourceData:
+    """The trainer's source: a testbed's build, or its own prompt set, and each example's cluster."""
+
+    testbed: Any
+    data: Any
+    template: str
+    clusters: Mapping[str, str]  # example id -> cluster (own prompts); testbeds use cluster_of
+
+    def cluster(self, example: Example) -> str:
+        from rlvr_core.tasks.testbed import cluster_of
+
+        return self.clusters.get(example.id) or cluster_of(example)
+
+
+def load_source(data: DataConfig) -> SourceData:
+    """The testbed, or the [data.prompts] set; ConfigError naming the file, row and column."""
+    from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE
+    from rlvr_core.tasks.testbed import TestbedData, build_testbed_data, load_testbed
+
+    if data.prompts is not None:
+        from rlvr_core.tasks.prompt_data import PromptDataError, read_prompt_set
+
+        try:
+            prompt_set = read_prompt_set(data.prompts)
+        except PromptDataError as error:
+            raise ConfigError(f"data.prompts: {error}") from None
+        return SourceData(None, TestbedData(source=prompt_set.examples, feedback=(), test=()),
+                          data.prompt_template or DEFAULT_PROMPT_TEMPLATE, prompt_set.cluster_of())
+    try:
+        testbed = load_testbed(data.testbed)
+    except ValueError as error:  # TestbedError names the file and field
+        raise ConfigError(f"data.testbed: {error}") from None
+    return SourceData(testbed, build_testbed_data(testbed), data.prompt_template or testbed.prompt_template, {})
+
+
+def choose_rendering(mode: str, template: str, owner: Rendering | None, tokenizer: Any = None) -> Rendering:
+    """data.rendering: the owner's published rendering, the tokenizer's chat template, or the template."""
+    own = Rendering.from_tokenizer(tokenizer, template) if tokenizer is not None else None
+    if mode == "owner" or (mode == "auto" and owner is not None):
+        if owner is None:
+            raise ConfigError("data.rendering: 'owner' renders prompts as the target owner publishes, which needs a "
+                              "[feedback] owner that answered at start; choose 'auto', 'tokenizer' or 'template'")
+        return owner
+    if mode == "tokenizer":
+        if own is None:
+            raise ConfigError("data.rendering: 'tokenizer' needs a tokenizer with a chat template (chat_template.jinja "
+                              "or tokenizer_config.json); this model has none. Choose 'template' or 'auto'")
+        return own
+    if mode == "auto" and own is not None:
+        return own
+    return Rendering(template)
+
+
+def check_renderable(rendering: Rendering, examples: Sequence[Example]) -> None:
+    """Every source prompt renders (a chat turn history needs a chat rendering); ConfigError naming the row."""
+    for example in examples:
+        try:
+            rendering.check_example(example)
+        except RenderingError as error:
+            raise ConfigError(f"data: prompt {example.id!r} cannot be rendered with {rendering.describe()}: "
+                              f"{error}") from None
 
 
 def split_source(source: tuple[Example, ...], eval_size: int, seed: int) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
@@ -62,25 +137,39 @@ def split_source(source: tuple[Example, ...], eval_size: int, seed: int) -> tupl
     return pool, evals
 
 
-def tiny_policy_inputs(examples: tuple[Example, ...], template: str) -> tuple[list[str], list[tuple[str, str]]]:
+def tiny_policy_inputs(
+    examples: tuple[Example, ...], rendering: Rendering | str
+) -> tuple[list[str], list[tuple[str, str]]]:
     """Tokenizer texts (prompts + answers) and SFT pairs (rendered prompt -> ' answer')."""
-    from rlvr_core.tasks.prompting import render_prompt
+    from rlvr_core.tasks.rendering import as_rendering
 
+    rendering = as_rendering(rendering)
     texts = [e.prompt for e in examples] + [e.answer for e in examples]
-    pairs = [(render_prompt(e.prompt, template), " " + e.answer) for e in examples]
+    pairs = [(rendering.render_example(e), " " + e.answer) for e in examples]
     return texts, pairs
 
 
-def resolve_model_dir(model: ModelConfig, train_examples: tuple[Example, ...], template: str) -> Path:
+def resolve_model_dir(model: ModelConfig, train_examples: tuple[Example, ...], rendering: Rendering | str) -> Path:
     """A local model directory: the configured path, or the (cached) tiny policy."""
     if model.path is not None:
         if not Path(model.path).is_dir():
-            raise ConfigError(f"model.path: {model.path} is not a directory; point it at a local model dir")
+            raise ConfigError(f"model.path: {model.path} is not a directory; point it at a local model folder")
         return Path(model.path)
     from rlvr_core.models.tiny_policy import build_tiny_policy
 
-    texts, pairs = tiny_policy_inputs(train_examples, template)
+    texts, pairs = tiny_policy_inputs(train_examples, rendering)
     return Path(build_tiny_policy(model.tiny_spec, texts, pairs, model.cache_dir))  # typed at config load
+
+
+def load_model(model_dir: Path, device: str, dtype_name: str) -> tuple[Any, Any]:
+    """The trainer's own model folder (the looser rule); its refusals are config errors naming model.path."""
+    from rlvr_core.models.loading import UnsafeCheckpointError
+    from rlvr_core.models.model_folder import load_model_folder
+
+    try:
+        return load_model_folder(model_dir, device, getattr(torch, dtype_name))
+    except UnsafeCheckpointError as error:
+        raise ConfigError(f"model.path: {error}") from None
 
 
 def build_training(
@@ -90,38 +179,43 @@ def build_training(
     on_step_end: StepCallback | None = None,
     reward_fn: Callable[[str, Example], float] | None = None,
     extend_pool: Callable[[Any], Sequence[Example]] | None = None,
+    owner_rendering: Rendering | None = None,
 ) -> TrainingSetup:
     """`extend_pool(testbed_data)` returns examples to add to the RL pool (after the tiny
     policy's warm-up data is chosen): the lab's target-mix diagnostic, the one caller that may
-    train on target data. `train` has none, so `data.train_on_feedback_split` is refused."""
+    train on target data. `train` has none, so `data.train_on_feedback_split` is refused.
+    `owner_rendering` is what the owner published in GetInfo (data.rendering chooses)."""
     from rlvr_core.engines.base import SamplingParams
     from rlvr_core.engines.registry import build_engine
-    from rlvr_core.models.loading import load_policy
-    from rlvr_core.tasks.prompting import render_prompt
-    from rlvr_core.tasks.testbed import build_testbed_data, cluster_of, load_testbed
 
     torch.manual_seed(config.run.seed)
     if config.run.device == "cpu":
         # A tiny model on a shared CPU: one thread beats spinning OpenMP threads, especially
         # beside a local owner process (rlvr_core/models/threads.py).
         torch.set_num_threads(1)
-    try:
-        testbed = load_testbed(config.data.testbed)
-    except ValueError as error:  # TestbedError names the file and field
-        raise ConfigError(f"data.testbed: {error}") from None
-    data = build_testbed_data(testbed)
-    template = testbed.prompt_template
-    pool_examples, eval_examples = split_source(tuple(data.source), config.data.eval_size, int(testbed.seed))
-    # The tiny policy's warm-up: the testbed's warm-up split when it has one, else the RL pool.
-    model_dir = resolve_model_dir(config.model, data.warmup or pool_examples, template)
+    source = load_source(config.data)
+    data, template = source.data, source.template
+    split_seed = int(source.testbed.seed) if source.testbed is not None else 0  # never the run seed
+    pool_examples, eval_examples = split_source(tuple(data.source), config.data.eval_size, split_seed)
+    mode = config.data.rendering
+    if config.model.tiny:  # built here, without a chat template: the rendering is known before the model
+        rendering = choose_rendering(mode, template, owner_rendering)
+        check_renderable(rendering, pool_examples + eval_examples)
+        # The tiny policy's warm-up: the testbed's warm-up split when it has one, else the RL pool.
+        model_dir = resolve_model_dir(config.model, data.warmup or pool_examples, rendering)
+        model, tokenizer = load_model(model_dir, config.run.device, config.model.dtype)
+    else:
+        model_dir = resolve_model_dir(config.model, pool_examples, template)
+        model, tokenizer = load_model(model_dir, config.run.device, config.model.dtype)
+        rendering = choose_rendering(mode, template, owner_rendering, tokenizer)
+        check_renderable(rendering, pool_examples + eval_examples)
+    log.info("prompts are rendered with %s", rendering.describe())
     if config.data.train_on_feedback_split and extend_pool is None:
         raise ConfigError(_TARGET_MIX_REFUSED)
     if extend_pool is not None:
         pool_examples = pool_examples + tuple(extend_pool(data))
-    pool = SourcePool(examples=pool_examples, clusters=tuple(cluster_of(e) for e in pool_examples))
+    pool = SourcePool(examples=pool_examples, clusters=tuple(source.cluster(e) for e in pool_examples))
 
-    dtype = getattr(torch, config.model.dtype)
-    model, tokenizer = load_policy(model_dir, config.run.device, dtype)
     engine = build_engine(config.rollout.engine, model, tokenizer, device=config.run.device,
                           **config.rollout.engine_kwargs())
     try:
@@ -137,7 +231,7 @@ def build_training(
         engine=engine,
         policy=policy,
         pool=pool,
-        render=lambda example: render_prompt(example.prompt, template),
+        render=rendering.render_example,
         reward_fn=reward_fn,
         settings=config.grpo,
         sampling=SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
@@ -147,8 +241,8 @@ def build_training(
         feedback=feedback,
         on_step_end=on_step_end,
     )
-    return TrainingSetup(config, testbed, data, template, pool, eval_examples, model_dir, model, tokenizer,
-                         engine, policy, trainer)
+    return TrainingSetup(config, source.testbed, data, template, pool, eval_examples, model_dir, model, tokenizer,
+                         engine, policy, trainer, rendering)
 
 
 def evaluate_source(setup: TrainingSetup) -> dict[str, float] | None:
@@ -156,7 +250,8 @@ def evaluate_source(setup: TrainingSetup) -> dict[str, float] | None:
     if not setup.eval_examples:
         return None
     result = local_accuracy(
-        setup.engine, setup.eval_examples, setup.template, setup.config.rollout.max_new_tokens, seed=EVAL_SEED
+        setup.engine, setup.eval_examples, setup.rendering or setup.template, setup.config.rollout.max_new_tokens,
+        seed=EVAL_SEED,
     )
     return flatten_accuracy(result)
 
@@ -191,17 +286,58 @@ def check_trainable(config: TrainConfig) -> None:
                           f"`trainer-node simulate --method {config.policy.name}`, or choose another policy")
 
 
+def start_owner(config: TrainConfig) -> OwnerStatus | None:
+    """Check the [feedback] owner before anything is built (None without [feedback]).
+
+    Raises OwnerStartError naming the setting when the owner is misconfigured or refuses this
+    trainer, and when it is unreachable unless `feedback.required = false` (then a warning)."""
+    from trainer_node.feedback.preflight import OwnerStartError, OwnerUnreachable, check_owner, describe_owner
+
+    fb = config.feedback
+    if fb is None:
+        return None
+    try:
+        status = check_owner(fb.client_settings())
+    except OwnerUnreachable as error:
+        if fb.required:
+            raise OwnerStartError(f"{error}. Training needs its owner (feedback.required = true); set "
+                                  "feedback.required = false to train on without it") from None
+        log.warning("%s; feedback.required = false: training goes on, feedback queries retry later", error)
+        return None
+    try:
+        Rendering.from_info(status.info)
+    except RenderingError as error:
+        raise OwnerStartError(f"feedback.target: the owner publishes a rendering this trainer cannot reproduce "
+                              f"({error}); ask the owner to fix data.chat_format / chat_template_path") from None
+    for line in describe_owner(status):
+        log.info("%s", line)
+    return status
+
+
+def check_owner_accepts_model(setup: TrainingSetup) -> None:
+    """The owner's upload rule on this model's upload set, before the first step (ConfigError otherwise)."""
+    from rlvr_core.models.loading import UnsafeCheckpointError
+    from rlvr_core.models.model_folder import check_uploadable
+
+    try:
+        check_uploadable(setup.model, setup.tokenizer)
+    except UnsafeCheckpointError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
 def run_training(config: TrainConfig, *, resume: Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
     from trainer_node.feedback.client import TargetFeedbackClient
     from trainer_node.feedback.hook import OwnerFeedbackHook
 
     check_trainable(config)
-    setup = build_training(config)
+    owner = start_owner(config)
+    setup = build_training(config, owner_rendering=Rendering.from_info(owner.info) if owner else None)
     trainer = setup.trainer
     run_dir = Path(config.run.out_dir)
     feedback = hook = None
     if config.feedback is not None:
+        check_owner_accepts_model(setup)
         feedback = connect_feedback(setup, TargetFeedbackClient(config.feedback.client_settings()), run_dir)
         hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     config.save_resolved(run_dir)
@@ -218,7 +354,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
         if feedback is not None:
             feedback.client.close()
     extra = {"final_checkpoint": str(result.final_checkpoint), "model_dir": str(setup.model_dir),
-             **result.feedback.summary}
+             "rendering": setup.rendering.describe() if setup.rendering else None, **result.feedback.summary}
     return output.close(extra=extra)
 
 
@@ -227,8 +363,9 @@ def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -
     the policy when it learns from the target; `train` and the lab both call this.
 
     Decoding and pacing come from [feedback] when present (else greedy, one sample, every
-    step), one release is kept back for checkpoint selection when [selection] is on. An
-    unreachable owner is not fatal: training goes on with the policy's last state.
+    step), one release is kept back for checkpoint selection when [selection] is on. Once
+    training runs, an owner that stops answering is not fatal: training goes on with the
+    policy's last state (`run_training` has checked the owner at start).
     """
     from trainer_node.feedback.context import FeedbackSettings, connect_owner_feedback
 
@@ -244,5 +381,8 @@ def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -
     if setup.policy.uses_target_feedback:
         setup.trainer.feedback = feedback
     else:
-        log.info("policy %r does not learn from target feedback; its sampler ignores the owner", setup.policy.name)
+        final = fb is not None and fb.final_release
+        log.info("policy %r does not learn from target feedback: its sampler never queries the owner%s",
+                 setup.policy.name, "; the owner is asked once, for the final checkpoint's accuracy (one charged "
+                 "release; feedback.final_release = false skips it)" if final else "")
     return feedback

@@ -5,7 +5,9 @@
 - lambda_sweep_<tb>.png (Figure 2): final balanced accuracy against L2RR's waste weight λ,
   with t-interval bars over seeds;
 - sampling_share_<tb>.png (Figure 1): the L2RR sampler's mass per cluster over training and
-  the waste counter per cluster, both mean over seeds.
+  the waste counter per cluster, both mean over seeds;
+- family_deltas_<tb>.png (DataFlex-RL's Tables 4-5): each selection, reweighting and mixture
+  row's paired difference to the control with its 95% t interval, grouped by family.
 """
 
 from __future__ import annotations
@@ -94,6 +96,27 @@ def sampling_share(tb: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def family_deltas(tb: dict[str, Any], path: Path) -> Path | None:
+    rows = [m for family in ("selection", "reweighting", "mixture") for m in tb["methods"].values()
+            if m.get("family") == family and (m.get("delta_vs_control") or {}).get("seeds")]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(rows) + 1.2))
+    colours = {"selection": "tab:blue", "reweighting": "tab:orange", "mixture": "tab:green"}
+    for y, m in enumerate(reversed(rows)):
+        delta = m["delta_vs_control"]
+        mean, low, high = (100 * (v if v is not None else float("nan"))
+                           for v in (delta["mean"], delta["t"]["low"], delta["t"]["high"]))
+        ax.errorbar([mean], [y], xerr=[[mean - low], [high - mean]], fmt="o", capsize=3,
+                    color=colours[m["family"]])
+    ax.axvline(0, color="grey", linewidth=1)
+    ax.set_yticks(range(len(rows)), [f"{m['label']} ({m['family']})" for m in reversed(rows)])
+    ax.set_xlabel("Δ balanced accuracy vs control (pp), paired 95% t interval")
+    ax.set_title(f"three families ({tb['testbed']})")
+    return _save(fig, path)
+
+
 def write_plots(results: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
     """Write every figure that has data; returns {testbed key: {title: path relative to out}}."""
     out = Path(out)
@@ -103,6 +126,7 @@ def write_plots(results: dict[str, Any], out: Path) -> dict[str, dict[str, str]]
             "Accuracy vs cumulative rollouts": accuracy_vs_rollouts(tb, out / f"accuracy_vs_rollouts_{key}.png"),
             "Figure 2: λ sweep": lambda_sweep(tb, out / f"lambda_sweep_{key}.png"),
             "Figure 1: sampling share and waste per cluster": sampling_share(tb, out / f"sampling_share_{key}.png"),
+            "DataFlex-RL's three families: paired Δ vs control": family_deltas(tb, out / f"family_deltas_{key}.png"),
         }
         figures[key] = {title: path.name for title, path in made.items() if path is not None}
     return figures

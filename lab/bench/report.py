@@ -1,6 +1,9 @@
 """results.json -> report.md: tables shaped like the paper's Table 1 and Table 2, the lambda
-sweep, rollouts-to-reach, per-seed values and failures. Renders only; every number comes from
-the results dict (see results.py), which is computed from the run records.
+sweep, rollouts-to-reach, per-seed values and failures; on a bench with DataFlex-RL rows, its
+three-family table (selection, reweighting, mixture; mixtures also against the fixed mixture)
+and its evaluation-sensitivity table (every summary, its spread, the rank correlation with the
+domain-balanced summary). Renders only; every number comes from the results dict (see
+results.py), which is computed from the run records.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ points; seed s is the same initial policy and source order for every method, so 
 differences are paired. **95% CI (t)**: paired t interval; **95% CI (boot)**: percentile
 bootstrap of the mean difference (seeded, {resamples} resamples; with 3 seeds it has only 10
 distinct values). **CI excludes 0** is "yes" only when both intervals exclude 0.
+On a multi-domain testbed (target domains are benchmarks grouped into families) the domain
+columns are the families' mean accuracies and **Bal. avg** is the mean over families
+(DataFlex-RL's domain-balanced score); the per-benchmark table follows.
 """
+
+FAMILY_TITLES = {"selection": "Selection (which responses enter the update)",
+                 "reweighting": "Reweighting (how much each response or token counts)",
+                 "mixture": "Mixture adaptation (which domains supply prompts)"}
 
 
 def pct(value: float | None, digits: int = 1) -> str:
@@ -58,7 +68,8 @@ def _table_header(domains: list[str], control: str) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
-def _table_row(entry: dict[str, Any], domains: list[str], control: str, name: str | None = None) -> str:
+def _table_row(entry: dict[str, Any], domains: list[str], control: str, name: str | None = None,
+               columns: str = "domains") -> str:
     delta = entry.get("delta_vs_control")
     if entry["label"] == control:
         delta_cells = ["(control)", "—", "—", "—"]
@@ -67,7 +78,7 @@ def _table_row(entry: dict[str, Any], domains: list[str], control: str, name: st
     else:
         delta_cells = [signed_pp(delta["mean"]), interval(delta["t"]), interval(delta["bootstrap"]),
                        "yes" if delta["excludes_zero"] else "no"]
-    cells = [name or entry["label"], *(pct_pm(entry["domains"].get(d, {})) for d in domains),
+    cells = [name or entry["label"], *(pct_pm(entry[columns].get(d, {})) for d in domains),
              pct_pm(entry["balanced"]), pct_pm(entry["accuracy"]), count(entry["rollouts"]["mean"]),
              ratio(entry["ro_ratio"]), *delta_cells, str(len(entry["seeds_ok"]))]
     return "| " + " | ".join(cells) + " |"
@@ -77,29 +88,129 @@ def _methods(tb: dict[str, Any], group: str) -> list[dict[str, Any]]:
     return [m for m in tb["methods"].values() if m["group"] == group]
 
 
+def _delta_cells(delta: dict[str, Any] | None) -> list[str]:
+    if delta is None or not delta["seeds"]:
+        return ["n/a", "n/a", "n/a", "n/a"]
+    return [signed_pp(delta["mean"]), interval(delta["t"]), interval(delta["bootstrap"]),
+            "yes" if delta["excludes_zero"] else "no"]
+
+
+def _family_section(tb: dict[str, Any], control: str) -> list[str]:
+    """DataFlex-RL's three-family table: each family's rows paired against the control, and
+    against the family's own control where the spec names one (mixtures: the equal mixture)."""
+    rows = [m for m in tb["methods"].values() if m.get("family")]
+    if not rows:
+        return []
+    control_entry = tb["methods"][control]
+    lines = ["", f"### DataFlex-RL's three families vs {control}", "",
+             (f"Paired over matched seeds, domain-balanced accuracy (pp). {control}: "
+              f"{pct_pm(control_entry['balanced'])}%."), "",
+             ("| Family | Method | Intervention | Bal. avg | "
+              f"Δ vs {control} (pp) | 95% CI (t) | 95% CI (boot) | CI excludes 0 | Δ vs family control (pp) | "
+              "95% CI (t) | Seeds |"), "|" + "---|" * 11]
+    for family in FAMILY_TITLES:
+        for m in (r for r in rows if r["family"] == family):
+            intervention = (f"selection = {_rule_name(m['selection'])}" if m.get("selection") is not None else "")
+            if m.get("reweighting") is not None:
+                intervention = ", ".join(x for x in (intervention, f"reweighting = {_rule_name(m['reweighting'])}") if x)
+            intervention = intervention or f"policy = {m['policy']}"
+            own = m.get("delta_vs_family_control")
+            own_cells = ([f"{signed_pp(own['mean'])} (vs {own['control']})", interval(own["t"])] if own and own["seeds"]
+                         else ["(family control)" if _is_family_control(tb, m) else "—", "—"])
+            lines.append(f"| {FAMILY_TITLES[family].split(' (')[0]} | {m['label']} | {intervention} | "
+                         f"{pct_pm(m['balanced'])} | " + " | ".join(_delta_cells(m.get("delta_vs_control")))
+                         + " | " + " | ".join(own_cells) + f" | {len(m['seeds_ok'])} |")
+    return lines
+
+
+def _rule_name(rule: Any) -> str:
+    return rule if isinstance(rule, str) else f"{rule.get('name')} {{{', '.join(f'{k}={v}' for k, v in rule.items() if k != 'name')}}}"
+
+
+def _is_family_control(tb: dict[str, Any], entry: dict[str, Any]) -> bool:
+    return any((m.get("delta_vs_family_control") or {}).get("control") == entry["label"] for m in tb["methods"].values())
+
+
+def _sensitivity_section(tb: dict[str, Any], control: str) -> list[str]:
+    """Every summary of the same runs, its spread over the main methods and its rank correlation
+    with the domain-balanced summary (DataFlex-RL's Table 8)."""
+    sensitivity = tb.get("evaluation_sensitivity")
+    if not sensitivity or not (tb.get("grouped") or tb.get("named_summaries")):
+        return []
+    summaries = sensitivity["summaries"]
+    names = list(summaries)
+    described = {"domain_balanced": "mean over families of the mean over their benchmarks (headline)",
+                 "macro": "mean over all benchmarks, equal weight"}
+    for name, members in tb.get("named_summaries", {}).items():
+        described[name] = "mean over " + ", ".join(members)
+    lines = ["", "### Evaluation summaries of the same runs, and their rank agreement", "",
+             (f"Over the {len(sensitivity['methods'])} main methods with results. **ρ** is Spearman's rank "
+              "correlation of the methods' mean scores under a summary with their domain-balanced scores; "
+              "**spread** is the best minus the worst method mean (pp)."), "",
+             "| Summary | Definition | ρ vs domain-balanced | Spread (pp) | Best method |", "|---|---|---|---|---|"]
+    for name in names:
+        item = summaries[name]
+        rho = "n/a" if item["rho_vs_domain_balanced"] is None else f"{item['rho_vs_domain_balanced']:+.2f}"
+        spread = "n/a" if item["spread"] is None else f"{100 * item['spread']:.2f}"
+        lines.append(f"| {name} | {described.get(name, '')} | {rho} (n = {item['n_methods']}) | {spread} | "
+                     f"{item['best'] or 'n/a'} |")
+    header = ["Method", *names]
+    lines += ["", f"Scores per summary (mean over seeds, %) and Δ vs {control} (pp, paired t interval):", "",
+              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in sensitivity["methods"]:
+        m = tb["methods"][label]
+        cells = [label]
+        for name in names:
+            delta = (m.get("summary_deltas") or {}).get(name)
+            text = pct(m["summaries"][name]["mean"])
+            if delta and delta["seeds"]:
+                text += f" ({signed_pp(delta['mean'])} {interval(delta['t'])})"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _benchmark_section(tb: dict[str, Any], control: str) -> list[str]:
+    if not tb.get("grouped"):
+        return []
+    families = tb["benchmark_families"]
+    domains = sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
+    header = ["Method", *(f"{d} ({families.get(d, d)})" for d in domains)]
+    lines = ["", "### Per-benchmark accuracy (%, mean ± sd over seeds)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for m in tb["methods"].values():
+        lines.append("| " + " | ".join([m["label"], *(pct_pm(m["domains"].get(d, {})) for d in domains)]) + " |")
+    return lines
+
+
 def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[str, str]) -> list[str]:
-    domains = tb["domains"]
+    grouped = bool(tb.get("grouped"))
+    domains = tb["families"] if grouped else tb["domains"]
+    columns = "families" if grouped else "domains"
     lines = [f"## Testbed `{tb['testbed']}`", ""]
     initial = tb["initial_balanced"]
     if initial["mean"] is not None:
         lines += [(f"Initial checkpoint (before GRPO): {pct_pm(initial)}% balanced accuracy "
                    f"(over {initial['n']} runs; every method starts from the same cached tiny policy)."), ""]
     lines += [f"### Table 1: methods vs {control}", "", *_table_header(domains, control)]
-    lines += [_table_row(m, domains, control) for m in _methods(tb, "main")]
+    lines += [_table_row(m, domains, control, columns=columns) for m in _methods(tb, "main")]
+    lines += _family_section(tb, control)
+    lines += _sensitivity_section(tb, control)
+    lines += _benchmark_section(tb, control)
     ablations = _methods(tb, "ablation")
     if ablations:
         ablated = {m["policy"] for m in ablations}  # the full method of an ablation runs the same policy
         full = [m for m in _methods(tb, "main") if m["policy"] in ablated]
         lines += ["", "### Table 2: L2RR ablations", "", *_table_header(domains, control)]
-        lines += [_table_row(m, domains, control, f"{m['label']} (full)") for m in full]
-        lines += [_table_row(m, domains, control) for m in ablations]
+        lines += [_table_row(m, domains, control, f"{m['label']} (full)", columns) for m in full]
+        lines += [_table_row(m, domains, control, columns=columns) for m in ablations]
     diagnostics = _methods(tb, "diagnostic")
     if diagnostics:
         lines += ["", "### Diagnostics and variants", "",
                   ("Simulation-only references (oracle mix, target-mix) and variants (hypergradient "
                    "estimator, checkpoint selection by target feedback); not deployable rows of Table 1."), "",
                   *_table_header(domains, control)]
-        lines += [_table_row(m, domains, control) for m in diagnostics]
+        lines += [_table_row(m, domains, control, columns=columns) for m in diagnostics]
     sweep = sorted((m for m in tb["methods"].values() if m["sweep_point"] and m["lambda"] is not None),
                    key=lambda m: m["lambda"])
     if any(m["group"] == "sweep" for m in sweep):
@@ -138,7 +249,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
             eps_text = "n/a" if eps is None else f"{eps:.3f}" + (f" / {budget:g}" if budget else " (DP off)")
             lines.append(
                 f"| {m['label']} | {seed} | {pct(v['balanced'])} | {pct(v['accuracy'])} | "
-                + "".join(f"{pct(v['domains'].get(d))} | " for d in domains)
+                + "".join(f"{pct(v[columns].get(d))} | " for d in domains)
                 + f"{count(v['rollouts'])} | {pct(v['balanced_before'])} | "
                 + eps_text + " |")
     if figures:

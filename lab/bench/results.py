@@ -1,10 +1,15 @@
 """From run records (and each run's metrics.jsonl) to results.json: every number a report shows.
 
-The headline metric is the domain-balanced target test accuracy (stats.domain_balanced) of the
-final checkpoint; the overall accuracy is kept next to it. Per method and testbed:
-per-seed values, mean +- sd per domain, # rollouts, RO ratio, the paired difference to the
-control with both intervals, rollouts needed to reach the control's final accuracy, the mean
+The headline metric is the domain-balanced target test accuracy (stats.family_balanced: on a
+multi-domain testbed the mean over domain families of the mean over their benchmarks, else the
+mean over target domains) of the final checkpoint; the overall accuracy is kept next to it.
+Per method and testbed: per-seed values, mean +- sd per domain (and per family), # rollouts,
+RO ratio, the paired difference to the control with both intervals (and to the family control,
+e.g. mixtures against `static`), rollouts needed to reach the control's final accuracy, the mean
 accuracy-vs-rollouts curve, and (L2RR methods) the mean sampling share and waste per cluster.
+Per testbed, DataFlex-RL's evaluation-sensitivity check: every summary (domain-balanced, the
+macro average over benchmarks, each summary the testbed declares), its method spread, and the
+Spearman correlation of the main methods' ranking under it with the domain-balanced ranking.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,15 +28,43 @@ from lab.bench.spec import BenchSpec, testbed_key
 EVAL_NAME = "target_test"
 
 
-def headline(record: dict[str, Any]) -> float | None:
+DOMAIN_BALANCED = "domain_balanced"  # the headline summary's name in results["...]["summaries"]
+MACRO = "macro"                      # the plain mean over target domains (benchmarks)
+
+
+@dataclass(frozen=True)
+class SummaryDesign:
+    """How a testbed's per-domain accuracies are summarised: benchmark -> family, named subsets."""
+
+    families: dict[str, str]
+    named: dict[str, list[str]]
+
+    @property
+    def grouped(self) -> bool:
+        """True when some family holds several benchmarks (or a benchmark is named apart from its family)."""
+        return any(benchmark != family for benchmark, family in self.families.items())
+
+    def names(self) -> list[str]:
+        return [DOMAIN_BALANCED, MACRO, *self.named]
+
+
+def summary_design(testbed: str) -> SummaryDesign:
+    """The testbed's benchmark families and declared summaries (rlvr_core.tasks.testbed)."""
+    from rlvr_core.tasks.testbed import benchmark_families, load_testbed
+
+    spec = load_testbed(testbed)
+    return SummaryDesign(families=benchmark_families(spec), named={k: list(v) for k, v in spec.summaries.items()})
+
+
+def headline(record: dict[str, Any], families: dict[str, str] | None = None) -> float | None:
     """Domain-balanced accuracy of an eval record or summary-like dict of accuracy/<domain> keys."""
     domains = {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("accuracy/") and v is not None}
     if domains:
-        return stats.domain_balanced(domains)
+        return stats.family_balanced(domains, families)
     return record.get("accuracy")
 
 
-def per_seed_values(summary: dict[str, Any]) -> dict[str, Any]:
+def per_seed_values(summary: dict[str, Any], design: SummaryDesign | None = None) -> dict[str, Any]:
     """The reported checkpoint's numbers of one run, from its simulate summary: the final model,
     or the one chosen by target feedback when the run used checkpoint selection."""
     selected = summary.get("target_accuracy_selected") is not None
@@ -38,13 +72,21 @@ def per_seed_values(summary: dict[str, Any]) -> dict[str, Any]:
     domains = summary.get(f"target_domain_accuracy_{suffix}") or {}
     before = summary.get("target_domain_accuracy_before") or {}
     accuracy = summary[f"target_accuracy_{suffix}"]
+    families = design.families if design is not None else {}
+    balanced = stats.family_balanced(domains, families) if domains else accuracy
+    summaries = {DOMAIN_BALANCED: balanced,
+                 MACRO: stats.domain_balanced(domains) if domains else accuracy}
+    for name, members in (design.named if design is not None else {}).items():
+        summaries[name] = stats.subset_mean(domains, members)
     return {
         "checkpoint": f"selected (step {summary['selection']['selected_step']})" if selected else "final",
         "accuracy": accuracy,
-        "balanced": stats.domain_balanced(domains) if domains else accuracy,
+        "balanced": balanced,
         "domains": dict(sorted(domains.items())),
+        "families": stats.family_means(domains, families),
+        "summaries": summaries,
         "accuracy_before": summary.get("target_accuracy_before"),
-        "balanced_before": stats.domain_balanced(before) if before else summary.get("target_accuracy_before"),
+        "balanced_before": stats.family_balanced(before, families) if before else summary.get("target_accuracy_before"),
         "rollouts": summary["rollouts"],
         "epsilon_spent": summary.get("epsilon_spent"),
         "epsilon_budget": summary.get("epsilon_budget"),
@@ -66,10 +108,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def eval_curve(metrics: Sequence[dict[str, Any]]) -> list[tuple[int, float, float]]:
+def eval_curve(metrics: Sequence[dict[str, Any]],
+               families: dict[str, str] | None = None) -> list[tuple[int, float, float]]:
     """(step, cumulative rollouts, headline accuracy) of each target-test evaluation."""
-    return [(int(r["step"]), float(r["rollouts_cumulative"]), headline(r)) for r in metrics
-            if r.get("kind") == "eval" and r.get("name") == EVAL_NAME and headline(r) is not None]
+    return [(int(r["step"]), float(r["rollouts_cumulative"]), headline(r, families)) for r in metrics
+            if r.get("kind") == "eval" and r.get("name") == EVAL_NAME and headline(r, families) is not None]
 
 
 def policy_dynamics(per_seed_metrics: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any] | None:
@@ -160,21 +203,24 @@ def compute_results(spec: BenchSpec, records: Sequence[dict[str, Any]], out: Pat
 
 
 def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], runs_dir: Path) -> dict[str, Any]:
+    design = summary_design(testbed)
     per_method: dict[str, dict[int, dict[str, Any]]] = {m.label: {} for m in spec.methods}
     for record in ok:
         if record["label"] in per_method:
-            per_method[record["label"]][int(record["seed"])] = per_seed_values(record["summary"])
+            per_method[record["label"]][int(record["seed"])] = per_seed_values(record["summary"], design)
     control = per_method[spec.control]
     control_final = stats.mean_sd([v["balanced"] for v in control.values()])[0] if control else math.nan
     domains = sorted({d for seeds in per_method.values() for v in seeds.values() for d in v["domains"]})
+    families = sorted({f for seeds in per_method.values() for v in seeds.values() for f in v["families"]})
     methods = {}
     for method in spec.methods:
         seeds = per_method[method.label]
         metrics = {s: read_metrics(runs_dir / method.label / f"seed{s}") for s in sorted(seeds)}
         policy = resolved_policy(method, [runs_dir / method.label / f"seed{s}" for s in sorted(seeds)])
-        curves = {s: eval_curve(m) for s, m in metrics.items()}
+        curves = {s: eval_curve(m, design.families) for s, m in metrics.items()}
         entry: dict[str, Any] = {
             "label": method.label, "policy": method.policy, "group": method.group, "options": method.options,
+            "selection": method.selection, "reweighting": method.reweighting, "family": method.family(),
             "lambda": policy.sweep_value(),
             "sweep_point": sweep_point(method, policy),
             "seeds_ok": sorted(seeds),
@@ -183,6 +229,10 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             "balanced": _stat([v["balanced"] for v in seeds.values()]),
             "balanced_ci": stats.t_interval([v["balanced"] for v in seeds.values()], spec.confidence).to_json(),
             "domains": {d: _stat([v["domains"][d] for v in seeds.values() if d in v["domains"]]) for d in domains},
+            "families": {f: _stat([v["families"][f] for v in seeds.values() if f in v["families"]]) for f in families},
+            "summaries": {name: _stat([v["summaries"][name] for v in seeds.values()
+                                       if math.isfinite(v["summaries"].get(name, math.nan))])
+                          for name in design.names()},
             "rollouts": _stat([v["rollouts"] for v in seeds.values()]),
             "ro_ratio": _finite(stats.ro_ratio([v["rollouts"] for v in control.values()],
                                                [v["rollouts"] for v in seeds.values()])),
@@ -197,6 +247,16 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
                                                 {s: v["balanced"] for s, v in control.items()})
             entry["delta_accuracy_vs_control"] = _paired(spec, {s: v["accuracy"] for s, v in seeds.items()},
                                                          {s: v["accuracy"] for s, v in control.items()})
+            entry["summary_deltas"] = {
+                name: _paired(spec, _summary_by_seed(seeds, name), _summary_by_seed(control, name))
+                for name in design.names()}
+        family_control = spec.family_controls.get(entry["family"] or "")
+        if family_control is not None and family_control != method.label:
+            entry["delta_vs_family_control"] = {
+                "control": family_control,
+                **_paired(spec, {s: v["balanced"] for s, v in seeds.items()},
+                          {s: v["balanced"] for s, v in per_method[family_control].items()}),
+            }
         control_by_seed = {s: v["balanced"] for s, v in control.items()}
         entry["reach_control"] = _reach(entry["curve"], curves, control_final, control_by_seed)
         dynamics = policy_dynamics([metrics[s] for s in sorted(metrics)])  # None: no q/waste metrics
@@ -205,8 +265,32 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
         methods[method.label] = entry
     before = [v["balanced_before"] for seeds in per_method.values() for v in seeds.values()
               if v["balanced_before"] is not None]
-    return {"testbed": testbed, "domains": domains, "control_final_balanced": _finite(control_final),
-            "initial_balanced": _stat(before), "methods": methods}
+    return {"testbed": testbed, "domains": domains, "families": families,
+            "benchmark_families": design.families, "grouped": design.grouped, "named_summaries": design.named,
+            "control_final_balanced": _finite(control_final), "initial_balanced": _stat(before),
+            "methods": methods, "evaluation_sensitivity": evaluation_sensitivity(methods, design.names())}
+
+
+def _summary_by_seed(seeds: dict[int, dict[str, Any]], name: str) -> dict[int, float]:
+    return {s: v["summaries"][name] for s, v in seeds.items() if math.isfinite(v["summaries"].get(name, math.nan))}
+
+
+def evaluation_sensitivity(methods: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Per summary: the main methods' mean scores, their spread (max - min), and Spearman's rho of
+    their ranking against the domain-balanced ranking (DataFlex-RL's Table 8)."""
+    main = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
+    scores = {name: {label: m["summaries"][name]["mean"] for label, m in main.items()
+                     if m["summaries"][name]["mean"] is not None} for name in names}
+    out: dict[str, Any] = {"methods": list(main), "summaries": {}}  # in spec order
+    for name in names:
+        rho, n = stats.spearman(scores[DOMAIN_BALANCED], scores[name])
+        values = list(scores[name].values())
+        out["summaries"][name] = {
+            "scores": scores[name], "rho_vs_domain_balanced": _finite(rho), "n_methods": n,
+            "spread": _finite(max(values) - min(values)) if values else None,
+            "best": max(scores[name], key=scores[name].get) if values else None,
+        }
+    return out
 
 
 def _reach(curve: list[dict[str, float]], per_seed: dict[int, list[tuple[int, float, float]]],

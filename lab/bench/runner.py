@@ -250,7 +250,7 @@ def run_all(runs: Sequence[PlannedRun], out: Path, workers: int, command_builder
     env = child_env(workers)
     by_id: dict[str, dict[str, Any]] = {run.run_id: load_record(out, run) or {} for run in skipped}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
-            tqdm(total=len(pending), desc="bench", unit="run", disable=not progress) as bar:
+            tqdm(total=len(pending), desc="bench", unit="run", disable=None if progress else True) as bar:
         failed = 0
         for phase in _phases(pending, workers):
             futures = [pool.submit(execute_run, run, out, command_builder, env, commit, timeout) for run in phase]

@@ -1,7 +1,7 @@
 """What a benchmark runs: the spec (TOML, validated once) and the planned runs it expands to.
 
-A spec lists methods (a label, a registered data policy, its options, optional config
-overrides), the seeds, the testbeds and the step count. `plan_runs` crosses them into one
+A spec lists methods (a label, a registered data policy, its options, optional update-seam
+rules, optional config overrides), the seeds, the testbeds and the step count. `plan_runs` crosses them into one
 `PlannedRun` per (testbed, method, seed): every method gets exactly the same seeds and
 testbeds, which is what makes the paired differences in stats.py valid.
 
@@ -43,7 +43,9 @@ _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # (A policy's own options come from the method's `options`; `config` may set only the batch
 # shape every policy shares, see _check_overrides.)
 _BENCH_OWNED = {("policy", "name"), ("data", "testbed"), ("run", "seed"), ("run", "steps"),
-                ("run", "out_dir")}
+                ("run", "out_dir"), ("grpo", "selection"), ("grpo", "reweighting")}
+# The DataFlex-RL intervention families (seed 001) a method row can belong to.
+FAMILIES = ("selection", "reweighting", "mixture")
 
 
 class BenchSpecError(ConfigError):
@@ -55,16 +57,25 @@ class _Strict(BaseModel):
 
 
 class MethodSpec(_Strict):
-    """One row of the tables: a data policy with fixed options."""
+    """One row of the tables: a data policy with fixed options, optionally with update-seam rules
+    (a selection rule, a reweighting rule: trainer_node/grpo/update_seam.py). A DataFlex-RL
+    selection or reweighting configuration is `selection = "gfpo"` (policy uniform, the default);
+    a mixture is a data policy (`policy = "reward_gap"`); a preset may bundle a policy and rules."""
 
     label: str
     """Unique name of the row; also a directory name (letters, digits, _ . + -)."""
-    policy: str
-    """A registered data policy (trainer_node.policies, lab.policies): uniform, dapo, greso, ar3po, l2rr, oracle.
-    (The target-mix diagnostic is uniform with config = { data = { train_on_feedback_split = true } }.)"""
+    policy: str = "uniform"
+    """A registered data policy (trainer_node.policies, lab.policies): uniform, dapo, greso, ar3po, l2rr, oracle,
+    static, reward_gap, dump_ucb, tscl. (The target-mix diagnostic is uniform with
+    config = { data = { train_on_feedback_split = true } }.)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """The policy's options: they become fields of the simulate config's [policy] table, typed by
     the policy's registered options model (a typo fails when the spec loads)."""
+    selection: str | dict[str, Any] | None = None
+    """A registered selection rule (difffilter, maxvar, gfpo, topk) or a table with its `name` and
+    options; it becomes the run's grpo.selection."""
+    reweighting: str | dict[str, Any] | None = None
+    """A registered reweighting rule (ar, per, softmax, diffband) or a table; the run's grpo.reweighting."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra simulate-config overrides as nested tables, e.g. {grpo = {lr = 1e-4}}."""
     group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
@@ -100,11 +111,41 @@ class MethodSpec(_Strict):
         parse_policy_options({**options, "name": policy})  # errors read methods[i].options.<key>
         return options
 
+    @field_validator("selection", "reweighting")
+    @classmethod
+    def _registered_rule(cls, value: str | dict[str, Any] | None, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        from trainer_node.grpo.update_seam import parse_rule_options
+
+        parse_rule_options(info.field_name, value)  # errors read methods[i].selection.<key>
+        return value
+
     @field_validator("config")
     @classmethod
     def _not_bench_owned(cls, config: dict[str, Any]) -> dict[str, Any]:
         _check_overrides(config)
         return config
+
+    def rule_tables(self) -> dict[str, dict[str, Any]]:
+        """The run's grpo.selection / grpo.reweighting tables (only those this method sets)."""
+        tables = {}
+        for seam in ("selection", "reweighting"):
+            value = getattr(self, seam)
+            if value is not None:
+                tables[seam] = {"name": value} if isinstance(value, str) else json.loads(json.dumps(value))
+        return tables
+
+    def family(self) -> str | None:
+        """The DataFlex-RL family of this row, from the registries' capabilities: a reweighting
+        rule, else a selection rule, else a policy that mixes domains; None: a baseline or reference."""
+        from trainer_node.policies.base import policy_class
+
+        if self.reweighting is not None:
+            return "reweighting"
+        if self.selection is not None:
+            return "selection"
+        return getattr(policy_class(self.policy), "intervention_family", None)
 
     @model_validator(mode="after")
     def _sweep_has_a_parameter(self) -> MethodSpec:
@@ -138,6 +179,9 @@ class BenchSpec(_Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
     bootstrap_resamples: int = Field(default=10_000, ge=100)
     bootstrap_seed: int = 0
+    family_controls: dict[str, str] = Field(default_factory=dict)
+    """Second controls per DataFlex-RL family, e.g. { mixture = "static" }: that family's rows are
+    also paired against this label (adaptive mixtures against the fixed equal mixture)."""
 
     @field_validator("seeds")
     @classmethod
@@ -172,6 +216,12 @@ class BenchSpec(_Strict):
             raise ValueError(f"methods: duplicate label(s) {', '.join(duplicates)}; every label must be unique")
         if self.control not in labels:
             raise ValueError(f"control: {self.control!r} is not a method label; labels: {', '.join(labels)}")
+        for family, label in self.family_controls.items():
+            if family not in FAMILIES:
+                raise ValueError(f"family_controls: {family!r} is not a family; families: {', '.join(FAMILIES)}")
+            if label not in labels:
+                raise ValueError(f"family_controls.{family}: {label!r} is not a method label; labels: "
+                                 f"{', '.join(labels)}")
         return self
 
     def resolved_workers(self) -> int:
@@ -322,6 +372,7 @@ def run_config(spec: BenchSpec, method: MethodSpec, testbed: str, seed: int) -> 
     """Defaults < spec.config < method.config < the bench's own keys (policy, testbed, seed, steps)."""
     config = _merge(_merge(simulate_defaults(), spec.config), method.config)
     config = _merge(config, {"data": {"testbed": testbed}, "run": {"seed": seed, "steps": spec.steps}})
+    config.setdefault("grpo", {}).update(method.rule_tables())
     # [policy] is the batch shape from defaults and `config`, then the method's own options; the
     # policy-specific keys of another table never leak in (replace, never merge).
     shared = {k: v for k, v in config.get("policy", {}).items() if k in _shared_policy_keys()}

@@ -9,7 +9,13 @@ Definitions (also in the report):
   with replacement from a seeded generator (n = 3 gives only 10 distinct means: read the t
   interval then).
 - domain-balanced accuracy: the mean over target domains of per-domain accuracy, so a large
-  domain cannot hide a regression on a small one.
+  domain cannot hide a regression on a small one. On a multi-domain testbed whose target
+  domains are benchmarks grouped into families (DataFlex-RL's math / logic / science), it is
+  the mean over families of the mean over each family's benchmarks (DataFlex's DB-12); the
+  plain mean over benchmarks is the macro average (its Macro-12), and a named summary (its
+  Math-Heavy-6) is the mean over the benchmarks it lists.
+- rank correlation of two summaries: Spearman's rho between the methods' mean scores under
+  each (ties get average ranks), as DataFlex-RL's Table 8 compares summaries.
 - RO ratio: mean over seeds of the control's rollouts / mean over seeds of the method's, i.e.
   the ratio of the two "# Rollout" column entries, as in the paper (DAPO count / method count).
   The mean of the per-seed ratios is reported next to it in results.json.
@@ -100,6 +106,45 @@ def domain_balanced(domain_accuracy: Mapping[str, float]) -> float:
     """Mean over domains of per-domain accuracy (NaN when there are no domains)."""
     values = [float(v) for v in domain_accuracy.values() if v is not None]
     return float(np.mean(values)) if values else math.nan
+
+
+def family_balanced(domain_accuracy: Mapping[str, float], families: Mapping[str, str] | None = None) -> float:
+    """Mean over families of the mean accuracy of each family's domains; a domain missing from
+    `families` is its own family (so with no families this is domain_balanced)."""
+    by_family: dict[str, list[float]] = {}
+    for domain, value in domain_accuracy.items():
+        if value is not None:
+            by_family.setdefault((families or {}).get(domain, domain), []).append(float(value))
+    return float(np.mean([np.mean(v) for v in by_family.values()])) if by_family else math.nan
+
+
+def family_means(domain_accuracy: Mapping[str, float], families: Mapping[str, str]) -> dict[str, float]:
+    """{family: mean accuracy of its domains}, sorted by family."""
+    by_family: dict[str, list[float]] = {}
+    for domain, value in domain_accuracy.items():
+        if value is not None:
+            by_family.setdefault(families.get(domain, domain), []).append(float(value))
+    return {family: float(np.mean(values)) for family, values in sorted(by_family.items())}
+
+
+def subset_mean(domain_accuracy: Mapping[str, float], members: Sequence[str]) -> float:
+    """Mean accuracy over the listed domains (NaN unless every one of them was measured)."""
+    values = [domain_accuracy.get(m) for m in members]
+    if not values or any(v is None for v in values):
+        return math.nan
+    return float(np.mean(values))
+
+
+def spearman(first: Mapping[str, float], second: Mapping[str, float]) -> tuple[float, int]:
+    """Spearman's rho between two scorings of the same items (keys present in both with finite
+    values) and how many items it is over; NaN for fewer than 3 items or a constant scoring."""
+    keys = sorted(k for k in set(first) & set(second)
+                  if first[k] is not None and second[k] is not None
+                  and math.isfinite(first[k]) and math.isfinite(second[k]))
+    a, b = np.array([first[k] for k in keys]), np.array([second[k] for k in keys])
+    if len(keys) < 3 or np.all(a == a[0]) or np.all(b == b[0]):
+        return math.nan, len(keys)
+    return float(scipy_stats.spearmanr(a, b).statistic), len(keys)
 
 
 def ro_ratio(control_rollouts: Sequence[float], method_rollouts: Sequence[float]) -> float:

@@ -19,6 +19,12 @@ Example (an owner's self-test on a fresh node folder):
       --cert node/pki/client.pem --key node/pki/client.key --ca-key node/pki/ca.key \\
       --canaries canaries.txt --restart-cmd 'systemctl restart owner-node' --json report.json
 
+--ca-key is the key of the CA that issued --cert. In the two-organization setup of
+docs/DEPLOY.md the owner trusts the TRAINER organization's CA for clients, so a trainer (or the
+owner, with the trainer organization's help) passes that key: --ca-key trainer/ca/ca.key. A key
+of another CA is refused at start; the certificate checks also prove with a valid control
+certificate that the server accepts that CA before counting any refusal.
+
 Checks that need an owner on the suite's OWN data (marker rows, one row added or removed,
 timing against the secret subsample, deleting the ledger) run only with --launch-cmd, on
 owners the suite starts and stops itself beside the server under test; without it they SKIP.
@@ -50,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-cmd", metavar="CMD",
                         help="shell command that restarts the server (enables the budget-persistence checks)")
     parser.add_argument("--ca-key", type=Path, metavar="FILE",
-                        help="the owner's CA key: lets the suite mint an expired and a no-clientAuth certificate")
+                        help="the key of the CA that issued --cert: lets the suite mint an expired and a no-clientAuth "
+                             "client certificate (and a valid control the server must accept). After "
+                             "`target-owner-node init` that is pki/ca.key; in the two-CA setup of docs/DEPLOY.md it "
+                             "is the TRAINER organization's ca.key, since the owner trusts that CA for clients")
     parser.add_argument("--rogue-ca-dir", type=Path, metavar="DIR",
                         help="where to write the untrusted CA and certificates (default: a temporary folder)")
     parser.add_argument("--allow-exhaust", action="store_true",
@@ -99,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         for flag, path in (("--ca", args.ca), ("--cert", args.cert), ("--key", args.key), ("--ca-key", args.ca_key)):
             if path is not None and not path.is_file():
                 raise ValueError(f"{flag}: no such file {path}")
+        if args.ca_key is not None:
+            from protocol.conformance.pki import client_ca
+
+            client_ca(args.cert.read_bytes(), args.ca_key.read_bytes())  # a key of the wrong CA: a usage error
         options = SuiteOptions(
             target=args.target, ca=args.ca, cert=args.cert, key=args.key, server_name=args.server_name,
             canaries=read_canaries(args.canaries) if args.canaries else [],

@@ -1,7 +1,8 @@
 """Load and save policy checkpoints without ever executing code from them.
 
-A checkpoint directory is untrusted input (the target owner receives it over the wire), so
-loading is gated by `check_model_dir`, which runs exactly the owner's upload rule
+This is the UPLOAD rule (the trainer's own model folder has a looser one,
+rlvr_core/models/model_folder.py). A checkpoint directory is untrusted input (the target owner
+receives it over the wire), so loading is gated by `check_model_dir`, which runs exactly the owner's upload rule
 (protocol.validation.validate_checkpoint_dir): only allowlisted file names (safetensors weights
 and a few JSON files), only causal-LM classes that ship with transformers with their own config
 keys, no `auto_map` (how a config asks for remote code) or `quantization_config`, and a tokenizer
@@ -12,6 +13,7 @@ pass upload and then fail to load after a privacy charge. Weights are read with
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ __all__ = [
     "MODEL_TYPE_OF_ARCHITECTURE",
     "UnsafeCheckpointError",
     "check_model_dir",
+    "dtype_keyword",
+    "finish_tokenizer",
     "load_policy",
     "load_tokenizer",
     "save_policy",
@@ -66,7 +70,7 @@ def check_model_dir(path: str | Path) -> dict[str, Any]:
         raise UnsafeCheckpointError(f"checkpoint {root.name}: {error.message}", error.reason) from error
 
 
-def _dtype_keyword() -> str:
+def dtype_keyword() -> str:
     """transformers >= 4.56 calls the argument `dtype`; older releases call it `torch_dtype`."""
     major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
@@ -84,6 +88,11 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
         str(root.resolve()), trust_remote_code=False, local_files_only=True
     )
+    return finish_tokenizer(tokenizer)
+
+
+def finish_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """What both loaders do to a loaded tokenizer: forget where it came from, pad on the left."""
     # Loading records where it came from; left in, a re-saved tokenizer_config.json would differ
     # from the original and break content addressing of checkpoints.
     for key in ("is_local", "local_files_only", "name_or_path"):
@@ -112,7 +121,7 @@ def load_policy(
         use_safetensors=True,
         trust_remote_code=False,
         local_files_only=True,
-        **{_dtype_keyword(): dtype},
+        **{dtype_keyword(): dtype},
     )
     model.to(device)
     model.eval()
@@ -129,8 +138,9 @@ def save_policy(
 
     `out_dir` must be new or empty (so stale shards from an earlier save can never mix in);
     with `overwrite=True` an existing directory is cleared first, but only if every file in
-    it is allowlisted. Files transformers writes beyond the allowlist (e.g. a chat template)
-    are deleted. For a given transformers version identical weights give identical bytes,
+    it is allowlisted. Files transformers writes beyond the allowlist (e.g. chat_template.jinja)
+    are deleted, and so is a chat template inside tokenizer_config.json: the owner renders
+    prompts with its own declared rendering and refuses uploaded Jinja. For a given transformers version identical weights give identical bytes,
     so the directory can be content-addressed.
     """
     root = Path(out_dir)
@@ -155,7 +165,18 @@ def save_policy(
             shutil.rmtree(entry)
         elif not is_allowed_file_name(entry.name):
             entry.unlink()
+    _drop_chat_template(root / "tokenizer_config.json")
     if not (root / "tokenizer.json").is_file():
         raise UnsafeCheckpointError("save_policy: tokenizer did not write tokenizer.json (slow tokenizer?)")
     check_model_dir(root)
     return root
+
+
+def _drop_chat_template(path: Path) -> None:
+    """Remove a `chat_template` key some transformers versions write into tokenizer_config.json."""
+    if not path.is_file():
+        return
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(settings, dict) and "chat_template" in settings:
+        del settings["chat_template"]
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -106,7 +106,8 @@ def supervised_warmup(
     was_training = model.training
     model.train()
     losses: list[float] = []
-    bar = tqdm(range(settings.steps), desc="SFT warm-up", disable=not progress, leave=False)
+    # disable=None: tqdm stays quiet off a terminal (logs, CI, background jobs).
+    bar = tqdm(range(settings.steps), desc="SFT warm-up", disable=None if progress else True, leave=False)
     for step in bar:
         indices = order[step * settings.batch_size : (step + 1) * settings.batch_size]
         batch = _collate([examples[i] for i in indices], tokenizer.pad_token_id)

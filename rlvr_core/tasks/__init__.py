@@ -1,7 +1,9 @@
 """Tasks: the Example type, example files, prompt rendering, and testbeds.
 
-Kept light on import: testbeds (pydantic + reasoning-gym) live in rlvr_core.tasks.testbed and
-are imported from there; reasoning-gym itself loads only when a testbed is validated or built.
+Kept light on import: testbeds (pydantic + reasoning-gym) live in rlvr_core.tasks.testbed,
+a trainer's own prompt sets in rlvr_core.tasks.prompt_data and the one renderer (plain
+templates, chat templates in a Jinja sandbox) in rlvr_core.tasks.rendering; import them from
+there. reasoning-gym itself loads only when a testbed is validated or built.
 """
 
 from rlvr_core.tasks.example import Example

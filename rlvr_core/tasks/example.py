@@ -16,7 +16,11 @@ class Example:
     """A prompt with a verifiable answer.
 
     `metadata` carries whatever the verifier needs beyond the answer (for reasoning-gym,
-    the dataset entry's metadata) and must be JSON-serialisable.
+    the dataset entry's metadata) and must be JSON-serialisable. `history` holds chat turns
+    before the prompt, as (role, content) pairs (e.g. a system message), when a trainer's own
+    prompt data gives prompts as chat messages (rlvr_core.tasks.prompt_data); the prompt is
+    then the last user turn. It is never read from or written to example files, so an
+    owner's held-out rows are always plain prompts.
     """
 
     id: str
@@ -26,6 +30,7 @@ class Example:
     domain: str = ""
     verifier: str = "exact_match"
     metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    history: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -36,20 +36,7 @@ def read_examples(path: str | Path, *, check_verifiers: bool = True) -> list[Exa
     """
     path = Path(path)
     label = path.name
-    if not path.is_file():
-        raise ExampleFileError(f"{label}: file not found")
-    suffix = path.suffix.lower()
-    if suffix in JSONL_SUFFIXES:
-        rows = _jsonl_rows(path, label)
-        where = "line"
-    elif suffix in PARQUET_SUFFIXES:
-        rows = _parquet_rows(path, label)
-        where = "row"
-    else:
-        raise ExampleFileError(
-            f"{label}: unsupported file type {suffix or '(none)'!r}; use .jsonl (one JSON object per line) "
-            f"or .parquet"
-        )
+    where, rows = read_rows(path)
     known_verifiers = _known_verifiers() if check_verifiers else None
     examples: list[Example] = []
     first_seen: dict[str, int] = {}
@@ -73,6 +60,25 @@ def read_examples(path: str | Path, *, check_verifiers: bool = True) -> list[Exa
     if not examples:
         raise ExampleFileError(f"{label}: file holds no examples")
     return examples
+
+
+def read_rows(path: str | Path, label: str | None = None) -> tuple[str, Iterator[tuple[int, Any]]]:
+    """("line" or "row", (number, decoded row) pairs) of a .jsonl or .parquet file.
+
+    Numbers are 1-based lines (JSONL, blank lines skipped) or rows (parquet, null fields
+    dropped). Errors name `label` (default: the file name) and the line, never its content."""
+    path = Path(path)
+    label = label or path.name
+    if not path.is_file():
+        raise ExampleFileError(f"{label}: file not found")
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return "line", _jsonl_rows(path, label)
+    if suffix in PARQUET_SUFFIXES:
+        return "row", _parquet_rows(path, label)
+    raise ExampleFileError(
+        f"{label}: unsupported file type {suffix or '(none)'!r}; use .jsonl (one JSON object per line) or .parquet"
+    )
 
 
 def write_examples(path: str | Path, examples: Iterable[Example]) -> None:

@@ -20,6 +20,21 @@ A testbed is a TOML file (built-ins live in rlvr_core/tasks/testbeds/<name>.toml
 
 The target examples are split into `feedback` (the owner's held-out set, whose aggregate
 accuracy is the trainer's feedback) and `test` (final evaluation only).
+
+A multi-domain testbed in DataFlex-RL's shape (seed 001: math, logic, science; several
+benchmarks per domain) names each target benchmark in `domain` (the public name the owner
+reports its accuracy under) and the domain it measures in `family`; `[summaries]` declares
+named benchmark subsets (e.g. a "math-heavy" summary) the bench reports beside the
+domain-balanced one:
+
+    [[target]]
+    task = "chain_sum"
+    domain = "math_chain"       # the benchmark: a declared, public test-split domain
+    family = "math"             # the domain it measures (default: its own domain)
+    ...
+
+    [summaries]
+    math_heavy = ["math_add", "math_chain", "text_count"]
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import functools
 import hashlib
 import math
 import random
+import re
 import tomllib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -68,6 +84,14 @@ class MixtureEntry(BaseModel):
     """Skill label shared across source and target (e.g. "add")."""
     difficulty: str = Field(default="", pattern=r"^[A-Za-z0-9_\-]*$")
     """Optional difficulty label (e.g. "easy"); clusters are domain:difficulty."""
+    family: str = Field(default="", pattern=r"^[A-Za-z0-9_\-]*$")
+    """The domain family this entry measures or trains (DataFlex's math / logic / science); empty:
+    its own `domain`. Target entries whose `domain` names a benchmark share a family, so the
+    domain-balanced summary weighs families, not benchmarks, equally."""
+
+    @property
+    def family_name(self) -> str:
+        return self.family or self.domain
 
     @field_validator("task")
     @classmethod
@@ -130,11 +154,47 @@ class TestbedSpec(BaseModel):
     SFT data then differs from the RL prompts: GRPO cannot just sharpen answers it memorised."""
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     """How prompts are rendered for the model (must contain "{prompt}" once)."""
+    summaries: dict[str, list[str]] = Field(default_factory=dict)
+    """Named subsets of the target's benchmarks (target `domain`s), each summarised by the mean of
+    its benchmarks' accuracies beside the domain-balanced average, e.g. DataFlex's math-heavy
+    summary: `math_heavy = ["math_add", "math_sub", "text_count"]`."""
 
     @field_validator("prompt_template")
     @classmethod
     def _valid_template(cls, template: str) -> str:
         return validate_template(template)
+
+    @field_validator("summaries")
+    @classmethod
+    def _summaries_name_benchmarks(cls, summaries: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+        target = info.data.get("target")
+        if target is None:
+            return summaries  # the target's own errors are reported already
+        benchmarks = {entry.domain for entry in target}
+        for name, members in summaries.items():
+            if not re.match(_LABEL_PATTERN, name):
+                raise ValueError(f"summary name {name!r} must use only letters, digits, _ and -")
+            if not members:
+                raise ValueError(f"summary {name!r} lists no benchmark; list target domains, e.g. "
+                                 f"{sorted(benchmarks)[:2]}")
+            unknown = sorted(set(members) - benchmarks)
+            if unknown:
+                raise ValueError(f"summary {name!r} names {unknown}, which are not target domains; "
+                                 f"known: {', '.join(sorted(benchmarks))}")
+            if len(set(members)) != len(members):
+                raise ValueError(f"summary {name!r} lists a benchmark twice: {members}")
+        return summaries
+
+    @field_validator("target")
+    @classmethod
+    def _one_family_per_benchmark(cls, target: list[MixtureEntry]) -> list[MixtureEntry]:
+        families: dict[str, str] = {}
+        for index, entry in enumerate(target):
+            known = families.setdefault(entry.domain, entry.family_name)
+            if known != entry.family_name:
+                raise ValueError(f"[{index}]: target domain {entry.domain!r} is in family {known!r} in an "
+                                 f"earlier entry and {entry.family_name!r} here; give it one family")
+        return target
 
 
 @dataclass(frozen=True)
@@ -192,12 +252,19 @@ def cluster_of(example: Example) -> str:
 
 
 def target_composition(spec: TestbedSpec) -> dict[str, float]:
-    """Each target domain's share of the target examples (sums to 1), sorted by domain."""
+    """Each target family's share of the target examples (sums to 1), sorted by name. Without
+    families (the usual testbed) a family is its domain, so this is each target domain's share."""
     totals: dict[str, int] = defaultdict(int)
     for entry in spec.target:
-        totals[entry.domain] += entry.size
+        totals[entry.family_name] += entry.size
     grand_total = sum(totals.values())
     return {domain: totals[domain] / grand_total for domain in sorted(totals)}
+
+
+def benchmark_families(spec: TestbedSpec) -> dict[str, str]:
+    """Target domain (benchmark) -> the family it measures, sorted by benchmark. Without families
+    every benchmark is its own family, and the family-balanced average is the plain macro average."""
+    return {entry.domain: entry.family_name for entry in sorted(spec.target, key=lambda e: e.domain)}
 
 
 def build_testbed_data(spec: TestbedSpec) -> TestbedData:

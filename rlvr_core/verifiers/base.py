@@ -10,6 +10,8 @@ To add a verifier:
 in a module listed in `_import_builtin_verifiers`, or, for an organization's own verifier outside
 this repository, as an entry point: `[project.entry-points."target_feedback.verifiers"]
 mine = "pkg.module:MyVerifier"` (loaded on first lookup, registered under the entry point's name).
+rlvr_core/verifiers/README.md documents the interface and what a verifier running on the
+owner's held-out rows must respect; tests/rlvr_core/verifier_plugin/ is an example package.
 """
 
 from __future__ import annotations
@@ -52,9 +54,16 @@ def extract_answer(completion: str) -> str:
 
 
 class Verifier(ABC):
-    """Scores a completion against an example. Registering a subclass sets its `name`."""
+    """Scores a completion against an example. Registering a subclass sets its `name`.
+
+    `info_kind` is how an owner's GetInfo declares this verifier when it scores every row: the
+    name of a proto VerifierKind value. The built-ins have their own values; any other
+    verifier (an organization's plug-in) is VERIFIER_KIND_NAMED, with its registered name in
+    GetInfo.verifier_name.
+    """
 
     name: str = ""
+    info_kind: str = "VERIFIER_KIND_NAMED"
 
     @abstractmethod
     def score(self, completion: str, example: Example) -> float:
@@ -101,13 +110,16 @@ def score_example(completion: str, example: Example) -> float:
     """Score `completion` with the verifier `example.verifier` names, clamped to [0, 1].
 
     Model output is arbitrary, so any exception raised while scoring gives 0.0 (and a debug log
-    naming only the exception type: its message could quote held-out content). An unknown
-    verifier name is a data error, not a model error, and raises ValueError.
+    naming only the exception type: its message could quote held-out content), SystemExit
+    from a plug-in included: on the owner a failure must never depend on which rows were drawn.
+    An unknown verifier name is a data error, not a model error, and raises ValueError.
     """
     verifier = get_verifier(example.verifier)
     try:
         value = float(verifier.score(completion, example))
-    except Exception as error:  # noqa: BLE001 - arbitrary model output must never crash scoring
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - arbitrary model output (and a plug-in's SystemExit) scores 0
         logger.debug("verifier %s raised %s; scored 0", verifier.name, type(error).__name__)
         return 0.0
     return clamp_score(value)

@@ -20,6 +20,8 @@ def normalise(text: str) -> str:
 class ExactMatchVerifier(Verifier):
     """1.0 when the extracted answer equals the gold answer after `normalise`, else 0.0."""
 
+    info_kind = "VERIFIER_KIND_EXACT_MATCH"
+
     def score(self, completion: str, example: Example) -> float:
         predicted = normalise(extract_answer(completion))
         if not predicted:

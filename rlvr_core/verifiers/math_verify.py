@@ -97,6 +97,8 @@ def _bounded_number(expr: Any, limit: int, symbolic_ok: bool = False) -> bool:
 class MathVerifyVerifier(Verifier):
     """1.0 when math-verify finds the extracted answer equivalent to the gold answer, else 0.0."""
 
+    info_kind = "VERIFIER_KIND_MATH_VERIFY"
+
     def score(self, completion: str, example: Example) -> float:
         from math_verify import verify
         from math_verify.errors import TimeoutException

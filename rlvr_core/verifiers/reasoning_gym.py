@@ -50,6 +50,8 @@ def known_tasks() -> list[str]:
 class ReasoningGymVerifier(Verifier):
     """Scores with reasoning-gym's scorer for example.task (entry rebuilt from the example)."""
 
+    info_kind = "VERIFIER_KIND_REASONING_GYM"
+
     def score(self, completion: str, example: Example) -> float:
         answer = extract_answer(completion)
         if not answer or len(answer) > MAX_ANSWER_CHARS:

@@ -1,9 +1,11 @@
-"""Static checks of docker/: Dockerfiles and compose.yaml parsed as text/YAML (no docker engine).
+"""Static checks of docker/: Dockerfiles and compose files parsed as text/YAML (no docker engine).
 
 Each image runs as a non-root numeric user, copies no keys or data, installs exactly the
 pyproject extras it needs (and never `dev`), pins the CPU torch build where it chooses it;
 the owner images have a grpc-health HEALTHCHECK; in compose the owner has a read-only root
-filesystem with tmpfs /tmp and writable storage only. hadolint runs when installed.
+filesystem with tmpfs /tmp and writable storage only, publishes only /metrics and only on the
+host's loopback; the demo trainer runs L2RR with feedback on CPU, compose.gpu.yaml on CUDA; the
+configs prepare-demo.sh writes (and compose mounts) validate. hadolint runs when installed.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ EXPECTED_EXTRAS = {
     "target-owner.Dockerfile": {"parquet"},
     "target-owner-gpu.Dockerfile": {"gpu", "parquet"},
     "trainer.Dockerfile": {"gpu", "parquet"},
+    "trainer-cpu.Dockerfile": {"parquet"},
 }
-CPU_IMAGES = ("target-owner.Dockerfile",)
+CPU_IMAGES = ("target-owner.Dockerfile", "trainer-cpu.Dockerfile")
+TRAINER_IMAGES = ("trainer.Dockerfile", "trainer-cpu.Dockerfile")
 SECRET_PATTERN = re.compile(r"\.(pem|key|p12|pfx|crt)\b|id_rsa|secret|token|password|heldout|\.jsonl\b", re.IGNORECASE)
 
 
@@ -123,16 +127,18 @@ def test_trainer_image_uses_cuda_and_vllm():
     assert any(k == "ENTRYPOINT" and "trainer-node" in a for k, a in final_stage("trainer.Dockerfile"))
 
 
-def test_trainer_image_holds_neither_the_owner_nor_the_lab():
+@pytest.mark.parametrize("name", TRAINER_IMAGES)
+def test_trainer_images_hold_neither_the_owner_nor_the_lab(name):
     """The trainer's packages only; tests/test_import_rules.py checks that they train without the rest."""
-    copied = [a.split()[0] for k, a in instructions("trainer.Dockerfile") if k == "COPY" and "--from=" not in a]
+    copied = [a.split()[0] for k, a in instructions(name) if k == "COPY" and "--from=" not in a]
     assert copied == ["pyproject.toml", "protocol", "rlvr_core", "trainer_node"]
-    ignored = (DOCKER / "trainer.Dockerfile.dockerignore").read_text().split()
+    ignored = (DOCKER / f"{name}.dockerignore").read_text().split()
     assert {"target_owner_node", "lab"} <= set(ignored), "the build context must not even hold them"
+    assert any(k == "ENTRYPOINT" and "trainer-node" in a for k, a in final_stage(name))
 
 
-def compose() -> dict:
-    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+def compose(name: str = "compose.yaml") -> dict:
+    return yaml.safe_load((DOCKER / name).read_text())
 
 
 def test_compose_owner_is_read_only_with_tmpfs_and_only_storage_and_state_writable():
@@ -145,7 +151,7 @@ def test_compose_owner_is_read_only_with_tmpfs_and_only_storage_and_state_writab
     targets = {v.split(":")[1] for v in owner["volumes"]}
     assert {"/srv/owner/config.toml", "/srv/owner/data", "/srv/owner/tls"} <= targets
     assert owner["cap_drop"] == ["ALL"] and "no-new-privileges:true" in owner["security_opt"]
-    assert "ports" not in owner, "the demo owner publishes nothing; the trainer uses the internal network"
+    assert owner["ports"] == ["127.0.0.1:9464:9464"], "only /metrics is published, on the host's loopback"
     grace = int(str(owner["stop_grace_period"]).rstrip("s"))
     assert grace >= 30 + 1, "docker stop must outlast shutdown_grace_s + drain_delay_s"
 
@@ -161,8 +167,53 @@ def test_compose_trainer_gets_only_its_client_files_and_the_owner_ca():
     assert not any(s.startswith("./demo/owner") for s in trainer_sources)
     assert not any(s.startswith("./demo/trainer") for s in owner_sources)
     networks = compose()["networks"]
-    assert set(trainer["networks"]) == set(services["owner"]["networks"]) == {"feedback"}
+    assert set(trainer["networks"]) == {"feedback"} and set(services["owner"]["networks"]) == {"feedback", "monitoring"}
     assert networks["feedback"]["internal"] is True
+    # The owner's own monitoring bridge carries the published /metrics; masquerading off: no route out.
+    assert networks["monitoring"]["driver_opts"]["com.docker.network.bridge.enable_ip_masquerade"] == "false"
+
+
+def test_compose_demo_trains_on_cpu_by_default_and_the_gpu_variant_switches_the_trainer():
+    trainer = compose()["services"]["trainer"]
+    assert trainer["build"]["dockerfile"] == "docker/trainer-cpu.Dockerfile" and "deploy" not in trainer
+    assert trainer["command"][:3] == ["train", "--config", "/srv/trainer/train.toml"]
+    gpu = compose("compose.gpu.yaml")["services"]["trainer"]
+    assert gpu["build"]["dockerfile"] == "docker/trainer.Dockerfile"
+    assert gpu["command"][:3] == ["train", "--config", "/srv/trainer/train-gpu.toml"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """docker/prepare-demo.sh into a scratch folder: the files compose mounts."""
+    import os
+    import sys
+
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHON": sys.executable}
+    subprocess.run(["bash", str(DOCKER / "prepare-demo.sh"), str(out)], check=True, capture_output=True,
+                   text=True, timeout=300, env=env, cwd=REPO)
+    return out
+
+
+def test_the_demo_configs_compose_mounts_validate(demo):
+    """The trainer's: L2RR with [feedback] on CPU (train.toml) and on CUDA (train-gpu.toml), outputs in
+    the writable runs mount; the owner's: metrics on the monitoring address compose gives it."""
+    from target_owner_node.config import load_config as load_owner_config
+    from trainer_node.config import load_config
+
+    owner_service = compose()["services"]["owner"]
+    for name, device in (("train.toml", "cpu"), ("train-gpu.toml", "cuda")):
+        run = load_config(demo / "trainer" / name)
+        assert run.policy.name == "l2rr" and run.feedback is not None and run.run.device == device
+        assert run.feedback.target == "owner:50051" and run.feedback.server_name == "owner"
+        assert str(run.model.cache_dir).startswith("/srv/trainer/runs/")
+    owner = load_owner_config(demo / "owner" / "node" / "config.toml")
+    address = owner_service["networks"]["monitoring"]["ipv4_address"]
+    assert (owner.metrics.host, owner.metrics.port, owner.metrics.allow_non_loopback) == (address, 9464, True)
+    assert owner_service["ports"] == [f"127.0.0.1:{owner.metrics.port}:{owner.metrics.port}"]
+    assert owner.server.listen_address == "0.0.0.0:50051"
 
 
 def test_hadolint_passes():

@@ -401,3 +401,19 @@ def launch_breakage(kind: str, config: OwnerConfig) -> dict:
         forget_deleted_ledger(config)
         return {}
     raise ValueError(f"unknown breakage {kind!r}; known: {', '.join(LAUNCH_BREAKAGES)}")
+
+
+def unnamed_verifier(monkeypatch) -> None:
+    """A card that declares a named (plug-in) verifier without saying which: a trainer cannot tell
+    what scores its answers."""
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from target_owner_node import server
+
+    real = server.info_response
+
+    def info_response(node, request=None):
+        info = real(node, request)
+        info.verifier_kind, info.verifier_name = pb.VERIFIER_KIND_NAMED, ""
+        return info
+
+    monkeypatch.setattr(server, "info_response", info_response)

@@ -30,11 +30,12 @@ TARGETED = {
     "accepts_pickle": ("upload.refuse.pickle_bin", "upload succeeded"),
     "accepts_any_tokenizer": ("upload.refuse.tokenizer_out_of_range", "upload succeeded"),
     "charges_then_fails": ("evaluate.refuse.charge_then_fail", "decoding.seed = 2**63"),
+    "unnamed_verifier": ("rpc.get_info.contract", "verifier_name is empty"),
     "accepts_any_adapter": ("upload.refuse.bad_adapter", "upload succeeded"),
     "hides_adapter_support": ("upload.refuse.bad_adapter", "upload succeeded"),
 }
 # The aimed checks that pass against today's server (the rest wait for issue 11's fixes).
-PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle",
+PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle", "unnamed_verifier",
                  "accepts_any_adapter", "hides_adapter_support")
 
 # launched breakage (conformance_harness.py launch --break KIND) -> (aimed check, words of its failure)
@@ -91,6 +92,8 @@ def build(base: Path, tmp_path: Path, kind: str, monkeypatch) -> Case:
         broken.accept_any_adapter(monkeypatch)
     elif kind == "hides_adapter_support":
         broken.hide_adapter_support(monkeypatch)
+    elif kind == "unnamed_verifier":
+        broken.unnamed_verifier(monkeypatch)
     elif kind != "control":
         raise ValueError(kind)
     return Case(server.start(), node)

@@ -97,17 +97,19 @@ def test_any_named_accountant_is_accepted_and_the_note_says_what_the_suite_knows
 
 
 def _field(number: int, payload: bytes) -> bytes:
-    assert number < 16 and len(payload) < 128
-    return bytes([(number << 3) | 2, len(payload)]) + payload
+    assert number < 2048 and len(payload) < 128
+    tag = (number << 3) | 2
+    varint = bytes([tag]) if tag < 128 else bytes([(tag & 0x7F) | 0x80, tag >> 7])
+    return varint + bytes([len(payload)]) + payload
 
 
 def test_undeclared_fields_are_found_at_any_depth():
     info = pb.GetInfoResponse(protocol_version="target_feedback.v1", privacy=pb.PrivacyParameters(enabled=True))
     clean = info.SerializeToString()
     assert undeclared_fields(clean, pb.GetInfoResponse.DESCRIPTOR) == []
-    top = clean + _field(15, b"heldout row 17: the answer is 42")
+    top = clean + _field(99, b"heldout row 17: the answer is 42")
     assert undeclared_fields(top, pb.GetInfoResponse.DESCRIPTOR) == [
-        "#15 (wire type 2, 32 bytes): not in target_feedback.v1.GetInfoResponse"]
+        "#99 (wire type 2, 32 bytes): not in target_feedback.v1.GetInfoResponse"]
     nested = _field(6, info.privacy.SerializeToString() + _field(14, b"secret"))
     assert undeclared_fields(nested, pb.GetInfoResponse.DESCRIPTOR)[0].startswith("privacy.#14")
     assert "unparsable" in undeclared_fields(b"\x0a\x7f", pb.GetInfoResponse.DESCRIPTOR)[0]

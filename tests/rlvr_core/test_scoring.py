@@ -73,16 +73,16 @@ def test_one_failing_row_scores_zero_and_the_others_are_kept(monkeypatch: pytest
             raise RuntimeError(f"verifier choked on {example.answer}")
         return 1.0
 
-    from rlvr_core.tasks import prompting
+    from rlvr_core.tasks import rendering
 
-    real_render = prompting.render_prompt
+    real_render = rendering.render_prompt
 
     def render(prompt: str, template: str) -> str:
         if prompt == examples[2].prompt:
             raise RuntimeError("render failed")
         return real_render(prompt, template)
 
-    monkeypatch.setattr(prompting, "render_prompt", render)
+    monkeypatch.setattr(rendering, "render_prompt", render)
     engine = ScriptedEngine(["x"] * 3)
     scores = score_rows(engine, examples, TEMPLATE, DECODING, [1, 2, 3, 4], score_fn=score)
     assert scores.tolist() == [1.0, 0.0, 0.0, 1.0]

@@ -135,6 +135,8 @@ def test_init_writes_a_servable_node(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "client.pem" in out and "client.key" in out and "ca.pem" in out
+    # init's single-CA files are for a rehearsal: across two organizations no private key crosses.
+    assert "rehearsal on ONE machine" in out and "no private key crosses" in out
     config = load_config(node / "config.toml")
     assert config.privacy.epsilon_budget == 2.5 and config.access.allowed_clients == ["trainer"]
     assert config.tls.server_key == node / "pki" / "server.key" and (node / "storage").is_dir()

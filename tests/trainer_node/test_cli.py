@@ -12,6 +12,17 @@ def test_help_teaches_the_train_command(capsys):
     assert len(COMMANDS) >= 1 and "train" in build_parser().format_help()
 
 
+def test_train_help_tells_that_feedback_makes_it_the_owners_client(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "With one, train is the owner's client" in text and "exits non-zero" in text
+    assert "check-owner" in text
+    with pytest.raises(SystemExit):
+        main(["check-owner", "--help"])
+    assert "exit 0 when the owner answers" in capsys.readouterr().out.replace("\n", " ").lower()
+
+
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "train" in capsys.readouterr().out

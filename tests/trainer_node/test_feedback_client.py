@@ -1,4 +1,5 @@
-"""The feedback client retries only UNAVAILABLE and never RESOURCE_EXHAUSTED."""
+"""The feedback client retries only UNAVAILABLE (unary calls through grpc's own retry policy) and never
+RESOURCE_EXHAUSTED, UNAUTHENTICATED or PERMISSION_DENIED."""
 
 from concurrent import futures
 
@@ -12,8 +13,10 @@ from trainer_node.feedback.client import (
     BudgetExhausted,
     ClientSettings,
     FeedbackError,
+    OwnerRefused,
     OwnerUnavailable,
     TargetFeedbackClient,
+    retry_service_config,
 )
 
 
@@ -62,20 +65,39 @@ def serve():
         server.stop(None)
 
 
-def test_unavailable_is_retried_with_backoff_and_same_request_id(serve):
+def test_unavailable_is_retried_by_grpc_with_the_same_request_id(serve):
     servicer = ScriptedServicer(grpc.StatusCode.UNAVAILABLE, errors.SHUTTING_DOWN, failures=2)
     client, sleeps = serve(servicer)
     response = client.evaluate(["a"], pb.DecodingSettings(max_new_tokens=4, samples_per_prompt=1))
     assert response.results[0].accuracy == 0.5
     assert servicer.evaluate_calls == 3
     assert len(set(servicer.request_ids)) == 1, "retries must reuse the idempotency key"
-    assert len(sleeps) == 2 and sleeps[1] > sleeps[0] * 0.5
+    assert sleeps == [], "unary calls are retried by grpc's retry policy, not by a loop in the client"
 
 
 def test_unavailable_gives_up_after_max_attempts(serve):
-    client, _ = serve(ScriptedServicer(grpc.StatusCode.UNAVAILABLE, errors.SHUTTING_DOWN, failures=99))
-    with pytest.raises(OwnerUnavailable):
+    servicer = ScriptedServicer(grpc.StatusCode.UNAVAILABLE, errors.SHUTTING_DOWN, failures=99)
+    client, _ = serve(servicer)
+    with pytest.raises(OwnerUnavailable, match="after up to 4 attempts"):
         client.evaluate(["a"], pb.DecodingSettings())
+    assert servicer.evaluate_calls == 4
+
+
+def test_the_retry_policy_is_the_channels_service_config():
+    config = retry_service_config(5, 0.5, 8.0)["methodConfig"][0]
+    assert {name["method"] for name in config["name"]} == {"GetInfo", "GetBudget", "Evaluate"}
+    assert config["retryPolicy"] == {"maxAttempts": 5, "initialBackoff": "0.5s", "maxBackoff": "8s",
+                                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+    assert "retryPolicy" not in retry_service_config(1, 0.5, 8.0)["methodConfig"][0]
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+def test_refusals_are_never_retried(serve, code):
+    servicer = ScriptedServicer(code, errors.CLIENT_NOT_ALLOWED, failures=1)
+    client, sleeps = serve(servicer)
+    with pytest.raises(OwnerRefused) as info:
+        client.evaluate(["a"], pb.DecodingSettings())
+    assert info.value.code == code and servicer.evaluate_calls == 1 and sleeps == []
 
 
 def test_resource_exhausted_is_never_retried(serve):

@@ -2,16 +2,25 @@
 they are safe.
 
 Retry policy (protocol/errors.py is the contract):
-- UNAVAILABLE is retried with exponential backoff and jitter. Evaluate carries an
-  idempotency key (request_id), so a retried release is never charged twice.
-- RESOURCE_EXHAUSTED (e.g. PRIVACY_BUDGET_EXHAUSTED) is never retried: it raises
-  BudgetExhausted at once.
+- unary calls (GetInfo, GetBudget, Evaluate) retry UNAVAILABLE with grpc's own retry policy,
+  set as the channel's service config (`retry_service_config`): exponential backoff with
+  jitter, at most `max_attempts` attempts (grpc caps it at 5). Evaluate carries an
+  idempotency key (request_id) that every attempt repeats, so a retried release is never
+  charged twice. The streaming upload, which grpc's retry buffer cannot hold, is retried here
+  and resumes by content address (files the owner already holds are not resent).
+- RESOURCE_EXHAUSTED (e.g. PRIVACY_BUDGET_EXHAUSTED) is never retried: BudgetExhausted.
+- UNAUTHENTICATED and PERMISSION_DENIED are never retried: OwnerRefused (a certificate or
+  allowlist problem; trainer_node/feedback/preflight.py makes it fatal at start).
 - Everything else raises FeedbackError with the server's reason.
+
+grpc reports a TLS verification or hostname failure as UNAVAILABLE too, like an outage; the
+pre-flight check (preflight.py) tells them apart at start with a TLS handshake of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import random
@@ -50,6 +59,29 @@ class OwnerUnavailable(FeedbackError):
     """The owner could not be reached after all retries."""
 
 
+class OwnerRefused(FeedbackError):
+    """The owner refused this client (UNAUTHENTICATED / PERMISSION_DENIED). Never retried."""
+
+
+SERVICE_NAME = "target_feedback.v1.TargetFeedbackService"
+UNARY_METHODS = ("GetInfo", "GetBudget", "Evaluate")
+MAX_GRPC_ATTEMPTS = 5  # grpc caps a retry policy's maxAttempts at 5
+
+
+def retry_service_config(max_attempts: int, initial_backoff_s: float, max_backoff_s: float) -> dict:
+    """The channel's service config: retry UNAVAILABLE on the unary methods (no policy for 1 attempt)."""
+    method: dict = {"name": [{"service": SERVICE_NAME, "method": name} for name in UNARY_METHODS]}
+    if max_attempts >= 2:
+        method["retryPolicy"] = {
+            "maxAttempts": min(max_attempts, MAX_GRPC_ATTEMPTS),
+            "initialBackoff": f"{initial_backoff_s:g}s",
+            "maxBackoff": f"{max_backoff_s:g}s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        }
+    return {"methodConfig": [method]}
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     target: str                      # host:port
@@ -61,7 +93,7 @@ class ClientSettings:
     deadline_s: float = 30.0         # unary calls
     evaluate_deadline_s: float = 600.0
     upload_deadline_s: float = 600.0
-    max_attempts: int = 5
+    max_attempts: int = 5            # UNAVAILABLE retries, unary (grpc, at most 5) and upload (here)
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 8.0
 
@@ -125,9 +157,12 @@ class TargetFeedbackClient:
 
     @staticmethod
     def _open_channel(s: ClientSettings) -> grpc.Channel:
+        service_config = retry_service_config(s.max_attempts, s.backoff_initial_s, s.backoff_max_s)
         options = [
             ("grpc.max_send_message_length", 4 * MAX_CHUNK_BYTES),
             ("grpc.max_receive_message_length", 4 * MAX_CHUNK_BYTES),
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", json.dumps(service_config)),
         ]
         if s.insecure:
             return grpc.insecure_channel(s.target, options=options)
@@ -154,10 +189,10 @@ class TargetFeedbackClient:
     # --- RPCs -------------------------------------------------------------------------
 
     def info(self) -> pb.GetInfoResponse:
-        return self._with_retries("GetInfo", lambda: self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.settings.deadline_s))
+        return self._unary("GetInfo", lambda: self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.settings.deadline_s))
 
     def budget(self) -> pb.GetBudgetResponse:
-        return self._with_retries(
+        return self._unary(
             "GetBudget", lambda: self._stub.GetBudget(pb.GetBudgetRequest(), timeout=self.settings.deadline_s)
         )
 
@@ -171,7 +206,7 @@ class TargetFeedbackClient:
         request = pb.EvaluateRequest(
             checkpoint_ids=checkpoint_ids, decoding=decoding, split=split, request_id=request_id or uuid.uuid4().hex
         )
-        return self._with_retries(
+        return self._unary(
             "Evaluate", lambda: self._stub.Evaluate(request, timeout=self.settings.evaluate_deadline_s)
         )
 
@@ -246,7 +281,16 @@ class TargetFeedbackClient:
             lambda: self._upload_call(requests(), timeout=self.settings.upload_deadline_s),
         )
 
+    def _unary(self, name: str, call: Callable[[], T]) -> T:
+        """One unary call; grpc's retry policy (the channel's service config) retries UNAVAILABLE."""
+        try:
+            return call()
+        except grpc.RpcError as err:
+            raise call_error(name, err, f"after up to {min(self.settings.max_attempts, MAX_GRPC_ATTEMPTS)} "
+                                        "attempts") from None
+
     def _with_retries(self, name: str, call: Callable[[], T]) -> T:
+        """The streaming upload's retry loop (grpc cannot buffer a stream for its retries)."""
         delay = self.settings.backoff_initial_s
         for attempt in range(1, self.settings.max_attempts + 1):
             try:
@@ -254,15 +298,23 @@ class TargetFeedbackClient:
                 log.debug("feedback call ok", extra={"rpc": name, "attempt": attempt})
                 return result
             except grpc.RpcError as err:
-                code, reason = err.code(), errors.reason_of(err)
-                detail = f"{name} failed: {code.name}" + (f" {reason}" if reason else "") + f": {err.details()}"
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise BudgetExhausted(detail, code, reason) from None
-                if code != grpc.StatusCode.UNAVAILABLE:
-                    raise FeedbackError(detail, code, reason) from None
-                if attempt == self.settings.max_attempts:
-                    raise OwnerUnavailable(f"{detail} (after {attempt} attempts)", code, reason) from None
+                code = err.code()
+                if code != grpc.StatusCode.UNAVAILABLE or attempt == self.settings.max_attempts:
+                    raise call_error(name, err, f"after {attempt} attempts") from None
                 log.warning("owner unavailable; retrying", extra={"rpc": name, "attempt": attempt, "sleep_s": delay})
                 self._sleep(delay * (0.5 + random.random() / 2))
                 delay = min(delay * 2, self.settings.backoff_max_s)
         raise AssertionError("unreachable")
+
+
+def call_error(name: str, err: grpc.RpcError, attempts: str) -> FeedbackError:
+    """The FeedbackError for a failed call, by status code (the module docstring's policy)."""
+    code, reason = err.code(), errors.reason_of(err)
+    detail = f"{name} failed: {code.name}" + (f" {reason}" if reason else "") + f": {err.details()}"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return BudgetExhausted(detail, code, reason)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return OwnerRefused(detail, code, reason)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return OwnerUnavailable(f"{detail} ({attempts})", code, reason)
+    return FeedbackError(detail, code, reason)

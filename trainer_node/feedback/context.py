@@ -119,6 +119,7 @@ class OwnerFeedback:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stats = FeedbackStats()
+        self.stop_reason = ""  # why queries stopped for good (OwnerFeedbackHook reports it)
         self._writer = None
         self._step = 0
         self._upload_lock = threading.Lock()  # the writer and the uploads: training thread + background
@@ -275,6 +276,7 @@ class OwnerFeedback:
         """Book a query's outcome on the training thread: pacer, statistics, the accuracies."""
         if isinstance(outcome, BudgetExhausted):
             self.pacer.mark_exhausted()
+            self.stop_reason = f"the owner refused a release: {outcome.reason or 'RESOURCE_EXHAUSTED'}"
             self.stats.failures += 1
             log.warning("target owner budget exhausted; keeping the last sampler state (%s)", outcome.reason)
             return None

@@ -8,6 +8,10 @@ engine adapter with its own loop (TRL, verl) can call the same two methods from 
 - at the end: the optional final release of the live model's held-out accuracy (charged like
   any release), then the one checkpoint-selection release.
 
+When the budget runs out (the owner refuses a release, or the pacer finds no query left in the
+remaining budget) feedback stops and training goes on; the summary says at which step and why
+(`feedback_stopped_step`, `feedback_stopped_reason`).
+
 The policy's own use of the owner (L2RR's lookahead releases) is not here: it happens inside
 the training step, through the OwnerFeedback context the policy holds.
 """
@@ -36,10 +40,20 @@ class OwnerFeedbackHook:
         self.selector = selector
         self.final_release = final_release
         self.health_check = health_check
+        self.stopped_step: int | None = None
+        self.stopped_reason = ""
+
+    def _note_stop(self, step: int) -> None:
+        pacer = getattr(self.feedback, "pacer", None)
+        if self.stopped_step is None and pacer is not None and pacer.exhausted:
+            self.stopped_step = step
+            self.stopped_reason = getattr(self.feedback, "stop_reason", "") or (
+                "the privacy budget left holds no further query (budget pacing)")
 
     def after_step(self, step: int, record: dict[str, Any]) -> None:
         if self.health_check is not None:
             self.health_check()
+        self._note_stop(step)
         stats = self.feedback.stats
         record.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
                       epsilon_spent=stats.epsilon_spent)
@@ -61,4 +75,7 @@ class OwnerFeedbackHook:
         stats = self.feedback.stats
         outcome.summary.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
                                epsilon_spent=stats.epsilon_spent)
+        self._note_stop(step)
+        if self.stopped_step is not None:
+            outcome.summary.update(feedback_stopped_step=self.stopped_step, feedback_stopped_reason=self.stopped_reason)
         return outcome

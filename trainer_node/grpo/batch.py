@@ -27,6 +27,8 @@ class PolicyBatch:
     ref_logprobs: torch.Tensor | None = None  # (B, T); needed only when kl_coef > 0
     sample_weights: torch.Tensor | None = None  # (B,); None = all 1 (L2RR lookahead weights)
     group_ids: torch.Tensor | None = None   # (B,) long, row -> group position in the batch
+    # (B, T) m_gk * w_gkl of the update seams (grpo/update_seam.py); None = all 1 (no rule selected).
+    token_weights: torch.Tensor | None = None
     # Normalisers of the FULL batch this one was cut from, so that the losses of micro-batches
     # add up exactly to the full-batch loss (gradient accumulation is then exact).
     total_completion_tokens: float | None = None
@@ -70,6 +72,7 @@ class PolicyBatch:
             ref_logprobs=take(self.ref_logprobs),
             sample_weights=take(self.sample_weights),
             group_ids=take(self.group_ids),
+            token_weights=take(self.token_weights),
         )
 
     def split(self, parts: int) -> list[PolicyBatch]:
@@ -92,6 +95,7 @@ class PolicyBatch:
             ref_logprobs=move(self.ref_logprobs),
             sample_weights=move(self.sample_weights),
             group_ids=move(self.group_ids),
+            token_weights=move(self.token_weights),
         )
 
 

@@ -9,7 +9,10 @@ Aggregations turn per-token losses (B, T) into a scalar. They divide by the norm
 the FULL batch (PolicyBatch.token_normaliser / sequence_normaliser), so micro-batch losses
 add up exactly to the full-batch loss. Sample weights scale each row's contribution but do
 not change the normaliser: weights of 1 give the plain loss, and weight 0 drops a row
-(L2RR's lookahead candidates rely on this linearity).
+(L2RR's lookahead candidates rely on this linearity). The update seams' token weights
+(PolicyBatch.token_weights: selection mask times reweighting, grpo/update_seam.py) scale each
+token's loss the same way; `seq_mean` still divides a response by its own length L, as
+DataFlex-RL's Eq. 1-2 do.
 
 To add one:
     @LOSSES.register("mine")          # or @AGGREGATIONS.register("mine")
@@ -70,6 +73,14 @@ def get_aggregation(name: str) -> AggregationFn:
     return AGGREGATIONS.get(name)
 
 
+def _weighted_mask(batch: PolicyBatch, like: torch.Tensor) -> torch.Tensor:
+    """(B, T) completion mask times the update seams' token weights (when any)."""
+    mask = batch.completion_mask.to(like.dtype)
+    if batch.token_weights is None:
+        return mask
+    return mask * batch.token_weights.to(like.dtype)
+
+
 def _row_weights(batch: PolicyBatch, like: torch.Tensor) -> torch.Tensor:
     if batch.sample_weights is None:
         return torch.ones(batch.size, dtype=like.dtype, device=like.device)
@@ -79,8 +90,7 @@ def _row_weights(batch: PolicyBatch, like: torch.Tensor) -> torch.Tensor:
 @AGGREGATIONS.register("token_mean")
 def token_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     """DAPO token-level: sum over every completion token / number of completion tokens."""
-    mask = batch.completion_mask.to(loss_tok.dtype)
-    per_row = (loss_tok * mask).sum(dim=1)  # (B,)
+    per_row = (loss_tok * _weighted_mask(batch, loss_tok)).sum(dim=1)  # (B,)
     return (per_row * _row_weights(batch, loss_tok)).sum() / batch.token_normaliser()
 
 
@@ -88,7 +98,7 @@ def token_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
 def seq_mean(loss_tok: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     """Original GRPO: mean over each sequence's tokens, then mean over sequences."""
     mask = batch.completion_mask.to(loss_tok.dtype)
-    per_row = (loss_tok * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
+    per_row = (loss_tok * _weighted_mask(batch, loss_tok)).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
     return (per_row * _row_weights(batch, loss_tok)).sum() / batch.sequence_normaliser()
 
 

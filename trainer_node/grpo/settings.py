@@ -7,11 +7,12 @@ front-ends build it directly, e.g. `GRPOSettings(lr=1e-2, kl_coef=0.05)`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
 
 from rlvr_core.configuration import Section
+from trainer_node.grpo.update_options import UpdateRuleOptions
 
 if TYPE_CHECKING:
     from trainer_node.grpo.losses import LossSettings
@@ -72,6 +73,29 @@ class GRPOSettings(Section):
     lookahead_lr: float | None = Field(
         default=None, gt=0, description="Step size of lookahead candidates; None = lr."
     )
+    selection: SerializeAsAny[UpdateRuleOptions] | None = Field(
+        default=None,
+        description="Update seam 1, after the advantages: which responses enter the loss (a per-response "
+        "mask), e.g. { name = \"gfpo\", keep = 3 } or just \"gfpo\"; a registered selection rule "
+        "(trainer_node.grpo.update_rules: difffilter, maxvar, gfpo, topk) typed by its options. None: "
+        "every response.",
+    )
+    reweighting: SerializeAsAny[UpdateRuleOptions] | None = Field(
+        default=None,
+        description="Update seam 2, after the selection mask: per-response or per-token loss weights, "
+        "rescaled to mean 1, e.g. { name = \"per\", alpha = 0.5 }; a registered reweighting rule (ar, per, "
+        "softmax, diffband). None: weight 1.",
+    )
+
+    @field_validator("selection", "reweighting", mode="wrap")
+    @classmethod
+    def _typed_rule(cls, value: Any, handler: Any, info: ValidationInfo) -> UpdateRuleOptions | None:
+        # Keyed on `name`: the seam's registry (plug-ins included) says which options model applies.
+        if value is None:
+            return None
+        from trainer_node.grpo.update_seam import parse_rule_options
+
+        return parse_rule_options(info.field_name, value)
 
     @field_validator("lookahead")
     @classmethod

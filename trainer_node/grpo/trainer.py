@@ -2,7 +2,8 @@
 
     sample -> rollout -> reward      policy.next_requests rounds; engine.generate; verifier
     select                           policy.training_groups / observe / before_update(feedback)
-    advantage -> loss -> update      group-relative advantages; clipped surrogate; AdamW
+    advantage -> loss -> update      group-relative advantages; the update seams (selection mask,
+                                     then weights: grpo/update_seam.py); clipped surrogate; AdamW
 
 Departures from textbook GRPO, all DAPO-style and configurable: clip-higher (eps_high >
 eps_low), token-level loss aggregation by default, no KL unless kl_coef > 0, optional soft
@@ -35,6 +36,7 @@ from trainer_node.grpo.losses import get_loss
 from trainer_node.grpo.rollout import RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.grpo.timing import PhaseClock
+from trainer_node.grpo.update_seam import UpdateSeams, nothing_kept, seam_metrics
 from trainer_node.policies.base import (
     DataPolicy,
     FeedbackContext,
@@ -95,6 +97,7 @@ class GRPOTrainer:
         self.on_step_end = on_step_end
         self.loss_fn = get_loss(settings.loss)
         self.lookahead_step = get_lookahead_optimizer(settings.lookahead)
+        self.update_seams = UpdateSeams.from_settings(settings)  # identity unless grpo.selection / reweighting
         self.pad_id = _pad_id(tokenizer)
         self.model.eval()  # no dropout: see module docstring
         self.ref_model = _frozen_copy(model) if settings.loss_settings.kl_coef > 0 else None
@@ -173,14 +176,26 @@ class GRPOTrainer:
         )
 
     # ------------------------------------------------------- advantage -> loss
-    def build_batch(self, groups: Sequence[Group], group_weights: Sequence[float] | None = None) -> PolicyBatch:
-        """Flatten groups, compute advantages, collate (B, T) tensors, attach ref logprobs."""
+    def build_batch(
+        self, groups: Sequence[Group], group_weights: Sequence[float] | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> PolicyBatch:
+        """Flatten groups, compute advantages, apply the update seams (selection mask, then
+        weights), collate (B, T) tensors, attach ref logprobs. `model` is the policy that generated
+        the rollouts (default the live one; a lookahead off the training thread passes its copy)."""
         flat = flatten_groups(groups)
         advantages = compute_advantages(
             self.settings.advantage,
             AdvantageInput(rewards=flat.rewards, group_ids=flat.group_ids, eps=self.settings.adv_eps),
         )
         batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
+        policy = model or self.model
+
+        def rollout_logprobs(rows: PolicyBatch) -> torch.Tensor:  # the policy that generated the rollouts
+            with torch.no_grad():
+                return token_logprobs(policy, rows, self.sampling.temperature)[0]
+
+        batch = self.update_seams.weigh(batch, flat.rewards, rollout_logprobs)
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, batch, self.sampling.temperature)
@@ -203,6 +218,8 @@ class GRPOTrainer:
         """ppo_epochs x mini_batches optimizer steps on the batch, each with grad accumulation."""
         s = self.settings
         batch = self.build_batch(groups)
+        if nothing_kept(batch):  # a zero gradient would still move AdamW's momentum: skip instead
+            return {**self._skipped_update(self.step_index), **seam_metrics(batch)}
         if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
             with torch.no_grad():
                 old, _ = token_logprobs(self.model, batch, self.sampling.temperature)
@@ -235,6 +252,7 @@ class GRPOTrainer:
         out.update({key: value / count for key, value in sums.items()})
         out["adv_abs_mean"] = float(batch.advantages.abs().mean())
         out["train_rollouts"] = float(batch.size)
+        out.update(seam_metrics(batch))
         return out
 
     def _skipped_update(self, step: int) -> dict[str, float]:
@@ -309,7 +327,7 @@ class GRPOTrainer:
         s = self.settings
         if not batch:
             raise ValueError("lookahead needs a non-empty batch")
-        base = self.build_batch(batch).with_normalisers()  # (B, T); normalisers of the whole batch
+        base = self.build_batch(batch, model=model).with_normalisers()  # (B, T); normalisers of the whole batch
         hyper = LookaheadHyper(
             lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
             betas=s.betas,

@@ -17,8 +17,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib",
 # The declared public fields of GetInfoResponse, written out (not read from the descriptor):
 # a field added to the proto must be reviewed for what it reveals before the suite accepts it.
 PUBLIC_INFO_FIELDS = frozenset({
-    "protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size",
-    "prompt_template", "test_split_enabled", "test_size", "test_domains",
+    "protocol_version", "task_description", "answer_format", "verifier_kind", "verifier_name", "heldout_size",
+    "prompt_template", "chat_template", "chat_format", "test_split_enabled", "test_size", "test_domains",
     "privacy", "privacy.enabled", "privacy.epsilon_budget", "privacy.delta", "privacy.planned_releases",
     "privacy.sample_rate", "privacy.noise_multiplier", "privacy.accountant", "privacy.expected_sample_size",
     "privacy.noise_std", "privacy.per_client_epsilon_cap", "privacy.rows_per_query", "privacy.row_cap_tail",
@@ -42,10 +42,8 @@ def info_problems(info: pb.GetInfoResponse) -> list[str]:
         p.append(f"protocol_version {info.protocol_version!r}, this suite speaks {PROTOCOL_VERSION!r}")
     if info.heldout_size < 1:
         p.append(f"heldout_size {info.heldout_size} < 1")
-    if info.verifier_kind not in pb.VerifierKind.values() or info.verifier_kind == pb.VERIFIER_KIND_UNSPECIFIED:
-        p.append(f"verifier_kind {info.verifier_kind} is unspecified or unknown")
-    if "{prompt}" not in info.prompt_template:
-        p.append("prompt_template does not contain {prompt}")
+    p += verifier_problems(info)
+    p += rendering_problems(info)
     d = info.decoding_limits
     for name in ("max_new_tokens", "max_samples_per_prompt", "max_candidates_per_query"):
         if getattr(d, name) < 1:
@@ -71,6 +69,41 @@ def info_problems(info: pb.GetInfoResponse) -> list[str]:
         p.append(f"test_split_enabled={info.test_split_enabled} but test_size={info.test_size}")
     p += privacy_problems(info)
     return p
+
+
+def verifier_problems(info: pb.GetInfoResponse) -> list[str]:
+    """The declared verifier: a known kind; VERIFIER_KIND_NAMED needs verifier_name, PER_EXAMPLE has none."""
+    kind, name = info.verifier_kind, info.verifier_name
+    if kind not in pb.VerifierKind.values() or kind == pb.VERIFIER_KIND_UNSPECIFIED:
+        return [f"verifier_kind {kind} is unspecified or unknown"]
+    if kind == pb.VERIFIER_KIND_NAMED and not name.strip():
+        return [("verifier_kind is VERIFIER_KIND_NAMED but verifier_name is empty: a trainer cannot tell which "
+                 "verifier scores its answers")]
+    if kind == pb.VERIFIER_KIND_PER_EXAMPLE and name:
+        return ["verifier_kind is VERIFIER_KIND_PER_EXAMPLE (each row names its verifier) but verifier_name is set"]
+    return []
+
+
+def rendering_problems(info: pb.GetInfoResponse) -> list[str]:
+    """The published rendering must be one a trainer can reproduce: a prompt_template with
+    {prompt}, and a chat_template (if any) that parses as Jinja in a sandboxed environment (the
+    parties render it in jinja2's ImmutableSandboxedEnvironment)."""
+    problems = []
+    if "{prompt}" not in info.prompt_template:
+        problems.append("prompt_template does not contain {prompt}")
+    if info.chat_format and not info.chat_template:
+        problems.append(f"chat_format {info.chat_format!r} is declared but chat_template is empty")
+    if info.chat_template:
+        from jinja2 import TemplateSyntaxError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        try:
+            ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(info.chat_template)
+        except TemplateSyntaxError as error:
+            problems.append(f"chat_template does not parse as Jinja (line {error.lineno}): a trainer cannot "
+                            "render prompts the way the owner does")
+    return problems
 
 
 def privacy_problems(info: pb.GetInfoResponse) -> list[str]:
@@ -160,7 +193,7 @@ def get_info_public_fields(ctx: SuiteContext) -> str:
     undeclared = undeclared_fields(info.SerializeToString(), pb.GetInfoResponse.DESCRIPTOR)
     expect(not undeclared, f"GetInfo carries fields the v1 schema does not declare: {undeclared}")
     text = [Received(f"GetInfo.{name}", getattr(info, name).encode()) for name in
-            ("task_description", "answer_format", "prompt_template")]
+            ("task_description", "answer_format", "prompt_template", "chat_template", "chat_format", "verifier_name")]
     hits = canary_hits(ctx.options.canaries, text)
     expect(not hits, f"canary in the public card: {hits}")
     return f"{len(set_field_paths(info))} fields set, all public"

@@ -1,5 +1,8 @@
-"""Mutual TLS: only a client certificate from the owner's CA, valid now and meant for client
-authentication, may reach the service."""
+"""Mutual TLS: only a client certificate from the CA the owner trusts for clients, valid now and
+meant for client authentication, may reach the service. The certificate checks mint their
+certificates with --ca-key, the key of the CA that issued --cert (the trainer organization's in
+the two-CA setup), and first prove with a valid control certificate from that CA that the server
+accepts its certificates at all: otherwise a refusal would test nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import grpc
 from protocol.conformance.checkpoints import stream, upload_messages, with_nonce
 from protocol.conformance.connection import Connection, Identity
 from protocol.conformance.context import SuiteContext
-from protocol.conformance.pki import RoguePki, build_rogue_pki
+from protocol.conformance.pki import CaKeyMismatch, RoguePki, build_rogue_pki
 from protocol.conformance.recorder import describe_failure
 from protocol.conformance.registry import CheckFailed, CheckSkipped, check, expect
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
@@ -22,8 +25,28 @@ TIMEOUT_S = 5.0
 def rogue(ctx: SuiteContext) -> RoguePki:
     if ctx.rogue is None:
         ca_key = ctx.options.ca_key.read_bytes() if ctx.options.ca_key else None
-        ctx.rogue = build_rogue_pki(ctx.identity.root_ca, ctx.identity.cert_chain, ca_key, ctx.options.rogue_ca_dir)
+        try:
+            ctx.rogue = build_rogue_pki(ctx.identity.cert_chain, ca_key, ctx.options.rogue_ca_dir)
+        except CaKeyMismatch as error:
+            raise CheckFailed(str(error)) from None
     return ctx.rogue
+
+
+def assert_control_accepted(ctx: SuiteContext) -> None:
+    """A valid certificate minted with --ca-key must be accepted, or the refusals test nothing."""
+    connection = ctx.connect(_identity(ctx, rogue(ctx).valid_client), unique="control")
+    try:
+        connection.stub.GetInfo(pb.GetInfoRequest(), timeout=TIMEOUT_S)
+    except grpc.RpcError as error:
+        failure = describe_failure("GetInfo", error)
+        raise CheckFailed(
+            f"a valid control certificate minted with --ca-key was refused too ({failure.code.name}"
+            f"{' ' + failure.reason if failure.reason else ''}): the server does not trust the CA of --ca-key for "
+            "clients, so refusing the bad certificates proves nothing. Pass the key of the CA the server trusts for "
+            "client certificates (the trainer organization's ca.key in the two-CA setup)"
+        ) from None
+    finally:
+        connection.close()
 
 
 def assert_refused(ctx: SuiteContext, connection: Connection, who: str) -> str:
@@ -61,8 +84,9 @@ def _identity(ctx: SuiteContext, pair) -> Identity:
 
 def _needs_ca_key(ctx: SuiteContext) -> None:
     if ctx.options.ca_key is None:
-        raise CheckSkipped("needs --ca-key: only a certificate signed by the server's own CA tests this "
-                           "(an owner's self-test has the key)")
+        raise CheckSkipped("needs --ca-key, the key of the CA that issued --cert (the trainer organization's "
+                           "ca.key in the two-CA setup): only a certificate from the CA the server trusts tests this")
+    assert_control_accepted(ctx)
 
 
 @check(
@@ -90,9 +114,10 @@ def foreign_ca(ctx: SuiteContext) -> str:
 
 @check(
     "mtls.expired_certificate",
-    title="An expired client certificate from the owner's CA is refused",
+    title="An expired client certificate from the trusted client CA is refused",
     rationale="""Certificate lifetimes bound how long a leaked key is useful; an expired certificate signed by the
-    owner's own CA must be refused. Needs --ca-key to mint one.""",
+    CA the server trusts for clients must be refused. Needs --ca-key (that CA's key) to mint one; a valid control
+    certificate from the same CA must be accepted first.""",
     order=22,
 )
 def expired_certificate(ctx: SuiteContext) -> str:
@@ -102,11 +127,12 @@ def expired_certificate(ctx: SuiteContext) -> str:
 
 @check(
     "mtls.no_client_auth_usage",
-    title="A certificate from the owner's CA without clientAuth usage is refused",
+    title="A certificate from the trusted client CA without clientAuth usage is refused",
     rationale="""A server certificate (extendedKeyUsage serverAuth only) or a certificate with no extendedKeyUsage at
-    all is not a client credential; both must be refused even though the owner's CA signed them. A missing EKU
+    all is not a client credential; both must be refused even though the trusted CA signed them. A missing EKU
     passes the TLS handshake (X.509 reads it as 'any usage'), so the server needs an explicit policy. Needs
-    --ca-key to mint them.""",
+    --ca-key (the key of the CA that issued --cert) to mint them; a valid control certificate must be accepted
+    first.""",
     order=23,
 )
 def no_client_auth_usage(ctx: SuiteContext) -> str:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(target_feedback/v1/target_feedback.proto\x12\x12target_feedback.v1\"\xa7\x02\n\x11PrivacyParameters\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x16\n\x0e\x65psilon_budget\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x18\n\x10planned_releases\x18\x04 \x01(\x03\x12\x13\n\x0bsample_rate\x18\x05 \x01(\x01\x12\x18\n\x10noise_multiplier\x18\x06 \x01(\x01\x12\x12\n\naccountant\x18\x07 \x01(\t\x12\x1c\n\x14\x65xpected_sample_size\x18\x08 \x01(\x01\x12\x11\n\tnoise_std\x18\t \x01(\x01\x12\x1e\n\x16per_client_epsilon_cap\x18\n \x01(\x01\x12\x16\n\x0erows_per_query\x18\x0b \x01(\x03\x12\x14\n\x0crow_cap_tail\x18\x0c \x01(\x01\"\x85\x01\n\x0e\x44\x65\x63odingLimits\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x1e\n\x16max_samples_per_prompt\x18\x02 \x01(\x05\x12 \n\x18max_candidates_per_query\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\"\x80\x01\n\x0cUploadLimits\x12\x1c\n\x14max_checkpoint_bytes\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\x12\x1d\n\x15\x61llowed_architectures\x18\x03 \x03(\t\x12\x1a\n\x12\x61llowed_file_names\x18\x04 \x03(\t\"n\n\x0c\x44\x65ltaSupport\x12\x15\n\rtensor_shards\x18\x01 \x01(\x08\x12\x15\n\rlora_adapters\x18\x02 \x01(\x08\x12\x15\n\rmax_lora_rank\x18\x03 \x01(\x05\x12\x19\n\x11max_adapter_bytes\x18\x04 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\xf0\x03\n\x0fGetInfoResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x18\n\x10task_description\x18\x02 \x01(\t\x12\x15\n\ranswer_format\x18\x03 \x01(\t\x12\x37\n\rverifier_kind\x18\x04 \x01(\x0e\x32 .target_feedback.v1.VerifierKind\x12\x14\n\x0cheldout_size\x18\x05 \x01(\x03\x12\x36\n\x07privacy\x18\x06 \x01(\x0b\x32%.target_feedback.v1.PrivacyParameters\x12;\n\x0f\x64\x65\x63oding_limits\x18\x07 \x01(\x0b\x32\".target_feedback.v1.DecodingLimits\x12\x37\n\rupload_limits\x18\x08 \x01(\x0b\x32 .target_feedback.v1.UploadLimits\x12\x17\n\x0fprompt_template\x18\t \x01(\t\x12\x1a\n\x12test_split_enabled\x18\n \x01(\x08\x12\x11\n\ttest_size\x18\x0b \x01(\x03\x12\x14\n\x0ctest_domains\x18\x0c \x03(\t\x12\x37\n\rdelta_support\x18\r \x01(\x0b\x32 .target_feedback.v1.DeltaSupport\"7\n\tFileEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"B\n\x12\x43heckpointManifest\x12,\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1d.target_feedback.v1.FileEntry\"7\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x90\x01\n\x17UploadCheckpointRequest\x12:\n\x08manifest\x18\x01 \x01(\x0b\x32&.target_feedback.v1.CheckpointManifestH\x00\x12.\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1d.target_feedback.v1.FileChunkH\x00\x42\t\n\x07payload\"_\n\x18UploadCheckpointResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\x12\x14\n\x0creused_files\x18\x03 \x03(\t\"i\n\x10\x44\x65\x63odingSettings\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\x9f\x01\n\x0f\x45valuateRequest\x12\x16\n\x0e\x63heckpoint_ids\x18\x01 \x03(\t\x12\x36\n\x08\x64\x65\x63oding\x18\x02 \x01(\x0b\x32$.target_feedback.v1.DecodingSettings\x12(\n\x05split\x18\x03 \x01(\x0e\x32\x19.target_feedback.v1.Split\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xc3\x01\n\x0f\x43\x61ndidateResult\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12P\n\x0f\x64omain_accuracy\x18\x03 \x03(\x0b\x32\x37.target_feedback.v1.CandidateResult.DomainAccuracyEntry\x1a\x35\n\x13\x44omainAccuracyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x86\x01\n\x0cPrivacySpend\x12\x11\n\tnoise_std\x18\x01 \x01(\x01\x12\x1c\n\x14\x65psilon_this_release\x18\x02 \x01(\x01\x12\x1b\n\x13\x65psilon_spent_total\x18\x03 \x01(\x01\x12\x19\n\x11\x65psilon_remaining\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\"\x8f\x01\n\x10\x45valuateResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.target_feedback.v1.CandidateResult\x12\x31\n\x07privacy\x18\x02 \x01(\x0b\x32 .target_feedback.v1.PrivacySpend\x12\x12\n\nrelease_id\x18\x03 \x01(\t\"\x12\n\x10GetBudgetRequest\"\xf6\x01\n\x11GetBudgetResponse\x12\x12\n\ndp_enabled\x18\x01 \x01(\x08\x12\x16\n\x0e\x65psilon_budget\x18\x02 \x01(\x01\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x19\n\x11\x65psilon_remaining\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x15\n\rreleases_made\x18\x06 \x01(\x03\x12#\n\x1breleases_remaining_estimate\x18\x07 \x01(\x03\x12\x1c\n\x14\x63lient_epsilon_spent\x18\x08 \x01(\x01\x12\x1a\n\x12\x63lient_epsilon_cap\x18\t \x01(\x01*\xab\x01\n\x0cVerifierKind\x12\x1d\n\x19VERIFIER_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19VERIFIER_KIND_EXACT_MATCH\x10\x01\x12\x1d\n\x19VERIFIER_KIND_MATH_VERIFY\x10\x02\x12\x1f\n\x1bVERIFIER_KIND_REASONING_GYM\x10\x03\x12\x1d\n\x19VERIFIER_KIND_PER_EXAMPLE\x10\x04*B\n\x05Split\x12\x15\n\x11SPLIT_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPLIT_FEEDBACK\x10\x01\x12\x0e\n\nSPLIT_TEST\x10\x02\x32\x8d\x03\n\x15TargetFeedbackService\x12R\n\x07GetInfo\x12\".target_feedback.v1.GetInfoRequest\x1a#.target_feedback.v1.GetInfoResponse\x12o\n\x10UploadCheckpoint\x12+.target_feedback.v1.UploadCheckpointRequest\x1a,.target_feedback.v1.UploadCheckpointResponse(\x01\x12U\n\x08\x45valuate\x12#.target_feedback.v1.EvaluateRequest\x1a$.target_feedback.v1.EvaluateResponse\x12X\n\tGetBudget\x12$.target_feedback.v1.GetBudgetRequest\x1a%.target_feedback.v1.GetBudgetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(target_feedback/v1/target_feedback.proto\x12\x12target_feedback.v1\"\xa7\x02\n\x11PrivacyParameters\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x16\n\x0e\x65psilon_budget\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x18\n\x10planned_releases\x18\x04 \x01(\x03\x12\x13\n\x0bsample_rate\x18\x05 \x01(\x01\x12\x18\n\x10noise_multiplier\x18\x06 \x01(\x01\x12\x12\n\naccountant\x18\x07 \x01(\t\x12\x1c\n\x14\x65xpected_sample_size\x18\x08 \x01(\x01\x12\x11\n\tnoise_std\x18\t \x01(\x01\x12\x1e\n\x16per_client_epsilon_cap\x18\n \x01(\x01\x12\x16\n\x0erows_per_query\x18\x0b \x01(\x03\x12\x14\n\x0crow_cap_tail\x18\x0c \x01(\x01\"\x85\x01\n\x0e\x44\x65\x63odingLimits\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x1e\n\x16max_samples_per_prompt\x18\x02 \x01(\x05\x12 \n\x18max_candidates_per_query\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\"\x80\x01\n\x0cUploadLimits\x12\x1c\n\x14max_checkpoint_bytes\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\x12\x1d\n\x15\x61llowed_architectures\x18\x03 \x03(\t\x12\x1a\n\x12\x61llowed_file_names\x18\x04 \x03(\t\"n\n\x0c\x44\x65ltaSupport\x12\x15\n\rtensor_shards\x18\x01 \x01(\x08\x12\x15\n\rlora_adapters\x18\x02 \x01(\x08\x12\x15\n\rmax_lora_rank\x18\x03 \x01(\x05\x12\x19\n\x11max_adapter_bytes\x18\x04 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\xb3\x04\n\x0fGetInfoResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x18\n\x10task_description\x18\x02 \x01(\t\x12\x15\n\ranswer_format\x18\x03 \x01(\t\x12\x37\n\rverifier_kind\x18\x04 \x01(\x0e\x32 .target_feedback.v1.VerifierKind\x12\x14\n\x0cheldout_size\x18\x05 \x01(\x03\x12\x36\n\x07privacy\x18\x06 \x01(\x0b\x32%.target_feedback.v1.PrivacyParameters\x12;\n\x0f\x64\x65\x63oding_limits\x18\x07 \x01(\x0b\x32\".target_feedback.v1.DecodingLimits\x12\x37\n\rupload_limits\x18\x08 \x01(\x0b\x32 .target_feedback.v1.UploadLimits\x12\x17\n\x0fprompt_template\x18\t \x01(\t\x12\x1a\n\x12test_split_enabled\x18\n \x01(\x08\x12\x11\n\ttest_size\x18\x0b \x01(\x03\x12\x14\n\x0ctest_domains\x18\x0c \x03(\t\x12\x15\n\rverifier_name\x18\r \x01(\t\x12\x15\n\rchat_template\x18\x0e \x01(\t\x12\x13\n\x0b\x63hat_format\x18\x0f \x01(\t\x12\x37\n\rdelta_support\x18\x10 \x01(\x0b\x32 .target_feedback.v1.DeltaSupport\"7\n\tFileEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"B\n\x12\x43heckpointManifest\x12,\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1d.target_feedback.v1.FileEntry\"7\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x90\x01\n\x17UploadCheckpointRequest\x12:\n\x08manifest\x18\x01 \x01(\x0b\x32&.target_feedback.v1.CheckpointManifestH\x00\x12.\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1d.target_feedback.v1.FileChunkH\x00\x42\t\n\x07payload\"_\n\x18UploadCheckpointResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\x12\x14\n\x0creused_files\x18\x03 \x03(\t\"i\n\x10\x44\x65\x63odingSettings\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\x9f\x01\n\x0f\x45valuateRequest\x12\x16\n\x0e\x63heckpoint_ids\x18\x01 \x03(\t\x12\x36\n\x08\x64\x65\x63oding\x18\x02 \x01(\x0b\x32$.target_feedback.v1.DecodingSettings\x12(\n\x05split\x18\x03 \x01(\x0e\x32\x19.target_feedback.v1.Split\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xc3\x01\n\x0f\x43\x61ndidateResult\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12P\n\x0f\x64omain_accuracy\x18\x03 \x03(\x0b\x32\x37.target_feedback.v1.CandidateResult.DomainAccuracyEntry\x1a\x35\n\x13\x44omainAccuracyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x86\x01\n\x0cPrivacySpend\x12\x11\n\tnoise_std\x18\x01 \x01(\x01\x12\x1c\n\x14\x65psilon_this_release\x18\x02 \x01(\x01\x12\x1b\n\x13\x65psilon_spent_total\x18\x03 \x01(\x01\x12\x19\n\x11\x65psilon_remaining\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\"\x8f\x01\n\x10\x45valuateResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.target_feedback.v1.CandidateResult\x12\x31\n\x07privacy\x18\x02 \x01(\x0b\x32 .target_feedback.v1.PrivacySpend\x12\x12\n\nrelease_id\x18\x03 \x01(\t\"\x12\n\x10GetBudgetRequest\"\xf6\x01\n\x11GetBudgetResponse\x12\x12\n\ndp_enabled\x18\x01 \x01(\x08\x12\x16\n\x0e\x65psilon_budget\x18\x02 \x01(\x01\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x19\n\x11\x65psilon_remaining\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x15\n\rreleases_made\x18\x06 \x01(\x03\x12#\n\x1breleases_remaining_estimate\x18\x07 \x01(\x03\x12\x1c\n\x14\x63lient_epsilon_spent\x18\x08 \x01(\x01\x12\x1a\n\x12\x63lient_epsilon_cap\x18\t \x01(\x01*\xc4\x01\n\x0cVerifierKind\x12\x1d\n\x19VERIFIER_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19VERIFIER_KIND_EXACT_MATCH\x10\x01\x12\x1d\n\x19VERIFIER_KIND_MATH_VERIFY\x10\x02\x12\x1f\n\x1bVERIFIER_KIND_REASONING_GYM\x10\x03\x12\x1d\n\x19VERIFIER_KIND_PER_EXAMPLE\x10\x04\x12\x17\n\x13VERIFIER_KIND_NAMED\x10\x05*B\n\x05Split\x12\x15\n\x11SPLIT_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPLIT_FEEDBACK\x10\x01\x12\x0e\n\nSPLIT_TEST\x10\x02\x32\x8d\x03\n\x15TargetFeedbackService\x12R\n\x07GetInfo\x12\".target_feedback.v1.GetInfoRequest\x1a#.target_feedback.v1.GetInfoResponse\x12o\n\x10UploadCheckpoint\x12+.target_feedback.v1.UploadCheckpointRequest\x1a,.target_feedback.v1.UploadCheckpointResponse(\x01\x12U\n\x08\x45valuate\x12#.target_feedback.v1.EvaluateRequest\x1a$.target_feedback.v1.EvaluateResponse\x12X\n\tGetBudget\x12$.target_feedback.v1.GetBudgetRequest\x1a%.target_feedback.v1.GetBudgetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._loaded_options = None
   _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._serialized_options = b'8\001'
-  _globals['_VERIFIERKIND']._serialized_start=2704
-  _globals['_VERIFIERKIND']._serialized_end=2875
-  _globals['_SPLIT']._serialized_start=2877
-  _globals['_SPLIT']._serialized_end=2943
+  _globals['_VERIFIERKIND']._serialized_start=2771
+  _globals['_VERIFIERKIND']._serialized_end=2967
+  _globals['_SPLIT']._serialized_start=2969
+  _globals['_SPLIT']._serialized_end=3035
   _globals['_PRIVACYPARAMETERS']._serialized_start=65
   _globals['_PRIVACYPARAMETERS']._serialized_end=360
   _globals['_DECODINGLIMITS']._serialized_start=363
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINFOREQUEST']._serialized_start=741
   _globals['_GETINFOREQUEST']._serialized_end=757
   _globals['_GETINFORESPONSE']._serialized_start=760
-  _globals['_GETINFORESPONSE']._serialized_end=1256
-  _globals['_FILEENTRY']._serialized_start=1258
-  _globals['_FILEENTRY']._serialized_end=1313
-  _globals['_CHECKPOINTMANIFEST']._serialized_start=1315
-  _globals['_CHECKPOINTMANIFEST']._serialized_end=1381
-  _globals['_FILECHUNK']._serialized_start=1383
-  _globals['_FILECHUNK']._serialized_end=1438
-  _globals['_UPLOADCHECKPOINTREQUEST']._serialized_start=1441
-  _globals['_UPLOADCHECKPOINTREQUEST']._serialized_end=1585
-  _globals['_UPLOADCHECKPOINTRESPONSE']._serialized_start=1587
-  _globals['_UPLOADCHECKPOINTRESPONSE']._serialized_end=1682
-  _globals['_DECODINGSETTINGS']._serialized_start=1684
-  _globals['_DECODINGSETTINGS']._serialized_end=1789
-  _globals['_EVALUATEREQUEST']._serialized_start=1792
-  _globals['_EVALUATEREQUEST']._serialized_end=1951
-  _globals['_CANDIDATERESULT']._serialized_start=1954
-  _globals['_CANDIDATERESULT']._serialized_end=2149
-  _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._serialized_start=2096
-  _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._serialized_end=2149
-  _globals['_PRIVACYSPEND']._serialized_start=2152
-  _globals['_PRIVACYSPEND']._serialized_end=2286
-  _globals['_EVALUATERESPONSE']._serialized_start=2289
-  _globals['_EVALUATERESPONSE']._serialized_end=2432
-  _globals['_GETBUDGETREQUEST']._serialized_start=2434
-  _globals['_GETBUDGETREQUEST']._serialized_end=2452
-  _globals['_GETBUDGETRESPONSE']._serialized_start=2455
-  _globals['_GETBUDGETRESPONSE']._serialized_end=2701
-  _globals['_TARGETFEEDBACKSERVICE']._serialized_start=2946
-  _globals['_TARGETFEEDBACKSERVICE']._serialized_end=3343
+  _globals['_GETINFORESPONSE']._serialized_end=1323
+  _globals['_FILEENTRY']._serialized_start=1325
+  _globals['_FILEENTRY']._serialized_end=1380
+  _globals['_CHECKPOINTMANIFEST']._serialized_start=1382
+  _globals['_CHECKPOINTMANIFEST']._serialized_end=1448
+  _globals['_FILECHUNK']._serialized_start=1450
+  _globals['_FILECHUNK']._serialized_end=1505
+  _globals['_UPLOADCHECKPOINTREQUEST']._serialized_start=1508
+  _globals['_UPLOADCHECKPOINTREQUEST']._serialized_end=1652
+  _globals['_UPLOADCHECKPOINTRESPONSE']._serialized_start=1654
+  _globals['_UPLOADCHECKPOINTRESPONSE']._serialized_end=1749
+  _globals['_DECODINGSETTINGS']._serialized_start=1751
+  _globals['_DECODINGSETTINGS']._serialized_end=1856
+  _globals['_EVALUATEREQUEST']._serialized_start=1859
+  _globals['_EVALUATEREQUEST']._serialized_end=2018
+  _globals['_CANDIDATERESULT']._serialized_start=2021
+  _globals['_CANDIDATERESULT']._serialized_end=2216
+  _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._serialized_start=2163
+  _globals['_CANDIDATERESULT_DOMAINACCURACYENTRY']._serialized_end=2216
+  _globals['_PRIVACYSPEND']._serialized_start=2219
+  _globals['_PRIVACYSPEND']._serialized_end=2353
+  _globals['_EVALUATERESPONSE']._serialized_start=2356
+  _globals['_EVALUATERESPONSE']._serialized_end=2499
+  _globals['_GETBUDGETREQUEST']._serialized_start=2501
+  _globals['_GETBUDGETREQUEST']._serialized_end=2519
+  _globals['_GETBUDGETRESPONSE']._serialized_start=2522
+  _globals['_GETBUDGETRESPONSE']._serialized_end=2768
+  _globals['_TARGETFEEDBACKSERVICE']._serialized_start=3038
+  _globals['_TARGETFEEDBACKSERVICE']._serialized_end=3435
 # @@protoc_insertion_point(module_scope)

@@ -14,6 +14,7 @@ class VerifierKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERIFIER_KIND_MATH_VERIFY: _ClassVar[VerifierKind]
     VERIFIER_KIND_REASONING_GYM: _ClassVar[VerifierKind]
     VERIFIER_KIND_PER_EXAMPLE: _ClassVar[VerifierKind]
+    VERIFIER_KIND_NAMED: _ClassVar[VerifierKind]
 
 class Split(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,6 +26,7 @@ VERIFIER_KIND_EXACT_MATCH: VerifierKind
 VERIFIER_KIND_MATH_VERIFY: VerifierKind
 VERIFIER_KIND_REASONING_GYM: VerifierKind
 VERIFIER_KIND_PER_EXAMPLE: VerifierKind
+VERIFIER_KIND_NAMED: VerifierKind
 SPLIT_UNSPECIFIED: Split
 SPLIT_FEEDBACK: Split
 SPLIT_TEST: Split
@@ -98,7 +100,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "delta_support")
+    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "verifier_name", "chat_template", "chat_format", "delta_support")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +113,9 @@ class GetInfoResponse(_message.Message):
     TEST_SPLIT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     TEST_SIZE_FIELD_NUMBER: _ClassVar[int]
     TEST_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     DELTA_SUPPORT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     task_description: str
@@ -124,8 +129,11 @@ class GetInfoResponse(_message.Message):
     test_split_enabled: bool
     test_size: int
     test_domains: _containers.RepeatedScalarFieldContainer[str]
+    verifier_name: str
+    chat_template: str
+    chat_format: str
     delta_support: DeltaSupport
-    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., delta_support: _Optional[_Union[DeltaSupport, _Mapping]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., verifier_name: _Optional[str] = ..., chat_template: _Optional[str] = ..., chat_format: _Optional[str] = ..., delta_support: _Optional[_Union[DeltaSupport, _Mapping]] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("name", "size", "sha256")

@@ -1,0 +1,154 @@
+"""The bench as a superset of DataFlex-RL (seed 001): methods that name update-seam rules or
+mixture policies, the three-family table with mixtures also against `static`, the
+domain-balanced, macro and domain-heavy summaries of the `dataflex` testbed, and the Spearman
+correlation of their rankings; plus the `dataflex` profiles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from lab.bench import runner
+from lab.bench.cli import write_outputs
+from lab.bench.spec import BenchSpecError, load_profile, parse_spec, plan_runs
+from tests.lab.test_bench_runner import FakeSimulate
+
+FAMILIES = {"math_add": "math", "math_sub": "math", "math_mul": "math", "math_gcd": "math",
+            "logic_syllogism": "logic", "logic_aiw": "logic", "logic_family": "logic",
+            "text_count": "text", "text_spell": "text"}
+MATH_HEAVY = ["math_add", "math_sub", "math_mul", "math_gcd", "text_count"]
+
+SPEC = {
+    "name": "dataflex-test", "seeds": [0, 1, 2], "steps": 4, "testbeds": ["dataflex"],
+    "config": {"run": {"eval_every": 2}}, "family_controls": {"mixture": "static"},
+    "methods": [
+        {"label": "uniform"},
+        {"label": "gfpo", "selection": "gfpo"},
+        {"label": "maxvar", "selection": {"name": "maxvar", "keep_fraction": 0.4}},
+        {"label": "per", "reweighting": "per"},
+        {"label": "static", "policy": "static"},
+        {"label": "reward_gap", "policy": "reward_gap"},
+        {"label": "dapo", "policy": "dapo"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dataflex_bench")
+    spec = parse_spec(SPEC)
+    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    report = write_outputs(spec, records, out)
+    return spec, records, report.read_text(), json.loads((out / "results.json").read_text())
+
+
+def after(records, label):
+    return {r["seed"]: r["summary"]["target_domain_accuracy_after"] for r in records if r["label"] == label}
+
+
+def domain_balanced(domains):
+    return np.mean([np.mean([v for b, v in domains.items() if FAMILIES[b] == f]) for f in ("logic", "math", "text")])
+
+
+def test_a_method_names_a_rule_or_a_mixture_and_the_run_config_carries_it():
+    spec = parse_spec(SPEC)
+    configs = {run.label: run.config for run in plan_runs(spec) if run.seed == 0}
+    assert configs["gfpo"]["grpo"]["selection"] == {"name": "gfpo"} and configs["gfpo"]["policy"]["name"] == "uniform"
+    assert configs["maxvar"]["grpo"]["selection"] == {"name": "maxvar", "keep_fraction": 0.4}
+    assert configs["per"]["grpo"]["reweighting"] == {"name": "per"}
+    assert "selection" not in configs["uniform"].get("grpo", {})
+    assert configs["reward_gap"]["policy"]["name"] == "reward_gap"
+    families = {m.label: m.family() for m in spec.methods}
+    assert families == {"uniform": None, "gfpo": "selection", "maxvar": "selection", "per": "reweighting",
+                        "static": "mixture", "reward_gap": "mixture", "dapo": None}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"methods": [{"label": "uniform"}, {"label": "x", "selection": "per"}]}, r"methods\[1\]\.selection\.name: unknown selection rule"),
+    ({"methods": [{"label": "uniform"}, {"label": "x", "reweighting": {"name": "ar", "alpha": 3}}]},
+     r"methods\[1\]\.reweighting\.alpha"),
+    ({"methods": [{"label": "uniform", "config": {"grpo": {"selection": "gfpo"}}}]}, r"grpo\.selection is set by the bench"),
+    ({"family_controls": {"mixtures": "static"}}, "family_controls: 'mixtures' is not a family"),
+    ({"family_controls": {"mixture": "nope"}}, r"family_controls\.mixture: 'nope' is not a method label"),
+])
+def test_spec_errors_name_the_field(change, message):
+    with pytest.raises(BenchSpecError, match=message):
+        parse_spec({**SPEC, **change})
+
+
+def test_the_headline_is_the_mean_over_domains_of_the_mean_over_their_benchmarks(bench):
+    _, records, _, results = bench
+    tb = results["testbeds"]["dataflex"]
+    assert tb["families"] == ["logic", "math", "text"] and tb["grouped"] is True
+    for label in ("uniform", "gfpo"):
+        per_seed = tb["methods"][label]["per_seed"]
+        for seed, domains in after(records, label).items():
+            values = per_seed[str(seed)]
+            assert values["balanced"] == pytest.approx(domain_balanced(domains))
+            assert values["summaries"]["macro"] == pytest.approx(np.mean(list(domains.values())))
+            assert values["summaries"]["math_heavy"] == pytest.approx(np.mean([domains[b] for b in MATH_HEAVY]))
+
+
+def test_mixtures_are_paired_against_static_as_well_as_uniform(bench):
+    _, records, report, results = bench
+    methods = results["testbeds"]["dataflex"]["methods"]
+    own = methods["reward_gap"]["delta_vs_family_control"]
+    mixed = {s: domain_balanced(d) for s, d in after(records, "reward_gap").items()}
+    static = {s: domain_balanced(d) for s, d in after(records, "static").items()}
+    assert own["control"] == "static"
+    assert own["mean"] == pytest.approx(np.mean([mixed[s] - static[s] for s in (0, 1, 2)]))
+    assert "delta_vs_family_control" not in methods["static"] and "delta_vs_family_control" not in methods["gfpo"]
+    assert "### DataFlex-RL's three families vs uniform" in report
+    family_rows = [line for line in report.splitlines()
+                   if line.startswith(("| Selection |", "| Reweighting |", "| Mixture adaptation |"))]
+    assert [line.split(" | ")[1] for line in family_rows] == ["gfpo", "maxvar", "per", "static", "reward_gap"]
+    assert "selection = maxvar {keep_fraction=0.4}" in report and "(vs static)" in report
+
+
+def test_the_rank_correlation_of_the_summaries_is_spearmans_rho_over_the_main_methods(bench):
+    _, records, report, results = bench
+    sensitivity = results["testbeds"]["dataflex"]["evaluation_sensitivity"]
+    labels = [m["label"] for m in SPEC["methods"]]
+    assert sorted(sensitivity["methods"]) == sorted(labels)
+    db = [np.mean([domain_balanced(d) for d in after(records, label).values()]) for label in labels]
+    heavy = [np.mean([np.mean([d[b] for b in MATH_HEAVY]) for d in after(records, label).values()]) for label in labels]
+    rho = scipy_stats.spearmanr(db, heavy).statistic
+    item = sensitivity["summaries"]["math_heavy"]
+    assert item["rho_vs_domain_balanced"] == pytest.approx(rho) and item["n_methods"] == len(labels)
+    assert item["spread"] == pytest.approx(max(heavy) - min(heavy))
+    assert sensitivity["summaries"]["domain_balanced"]["rho_vs_domain_balanced"] == pytest.approx(1.0)
+    assert "### Evaluation summaries of the same runs, and their rank agreement" in report
+    assert f"| math_heavy | mean over {', '.join(MATH_HEAVY)} | {rho:+.2f} (n = {len(labels)})" in report
+    assert "### Per-benchmark accuracy" in report and "math_gcd (math)" in report
+
+
+def test_table_1_shows_the_three_domain_means_not_the_nine_benchmarks(bench):
+    _, _, report, _ = bench
+    header = next(line for line in report.splitlines() if line.startswith("| Method | logic |"))
+    assert "| logic | math | text | Bal. avg |" in header and "math_add" not in header
+
+
+def test_the_dataflex_profiles_run_the_twelve_configurations_beside_the_baselines():
+    full, breadth = load_profile("dataflex"), load_profile("dataflex_breadth")
+    assert len(full.seeds) == 12 and breadth.seeds == [0, 1, 2] and full.testbeds == breadth.testbeds == ["dataflex"]
+    assert [m.model_dump() for m in full.methods] == [m.model_dump() for m in breadth.methods]
+    assert full.config == breadth.config and full.steps == breadth.steps
+    assert full.family_controls == {"mixture": "static"} and full.control == "uniform"
+    families = {}
+    for method in full.methods:
+        families.setdefault(method.family(), []).append(method.label)
+    assert families["selection"] == ["difffilter", "maxvar", "gfpo", "topk"]
+    assert families["reweighting"] == ["ar", "per", "softmax", "diffband"]
+    assert families["mixture"] == ["static", "reward_gap", "dump_ucb", "tscl"]
+    assert families[None] == ["uniform", "l2rr", "dapo", "greso"]
+    runs = plan_runs(breadth)  # validates every run config (rules and options included)
+    assert len(runs) == 16 * 3 and len(plan_runs(full)) == 16 * 12
+    config = runs[0].config
+    assert config["policy"]["rollouts_per_prompt"] == 5 and config["grpo"]["kl_coef"] == 1e-3
+    assert config["grpo"]["loss_aggregation"] == "seq_mean"
+    # Seeds 0-2 of the full profile are the breadth runs (same config hash): one can extend the other.
+    full_hashes = {(r.label, r.seed): r.config_hash for r in plan_runs(full) if r.seed < 3}
+    assert all(full_hashes[(r.label, r.seed)] == r.config_hash for r in runs)
