@@ -33,7 +33,7 @@ from target_owner_node.ledger_audit import (
     repair_last_charge,
 )
 from target_owner_node.logs import log_event
-from target_owner_node.noise_cache import cached_noise_multiplier
+from target_owner_node.noise_cache import cached_noise_multiplier, cached_rows_per_query
 from target_owner_node.release import ReleaseService
 from target_owner_node.state_marker import StateMarker, StateMarkerError, refuse_if_storage_lost
 from target_owner_node.worker import WorkerSpec
@@ -168,7 +168,10 @@ def open_node(
     releases = ReleaseService(
         facts, store, scorer, audit, budget, random_source, min_response_s=config.evaluation.min_response_s
     )
-    releases.rows_per_query  # noqa: B018 - computed now (scipy's import) so the first GetInfo is not slow
+    if budget is not None:  # noise_cache.py: a restart with the same public numbers skips scipy's import
+        releases.known_rows_per_query = cached_rows_per_query(
+            config.storage.dir, facts.heldout_size, privacy.sample_rate, privacy.row_cap_tail
+        )
     return OwnerNode(config, facts, store, audit, budget, releases, scorer)
 
 
