@@ -61,11 +61,15 @@ class WorkerScorer:
         self._lock = threading.Lock()
         self._process = None
         self._conn = None
+        self._starting = None  # the worker process while _ensure_started waits for its "ready"
+        self._closed = False
         self._context = multiprocessing.get_context("spawn")
 
     def start(self) -> None:
         """Start the worker now (otherwise it starts on the first evaluation)."""
         with self._lock:
+            if self._closed:
+                return  # a warm-up that lost the race with shutdown starts nothing
             self._ensure_started()
 
     def _ensure_started(self) -> None:
@@ -79,7 +83,12 @@ class WorkerScorer:
         process.start()
         child.close()
         self._process, self._conn = process, parent
-        if not parent.poll(WORKER_START_TIMEOUT_S):
+        self._starting = process
+        try:
+            started = parent.poll(WORKER_START_TIMEOUT_S)
+        finally:
+            self._starting = None
+        if not started:
             self._stop_process()
             raise evaluation_failed(
                 grpc.StatusCode.UNAVAILABLE, "the evaluation worker did not start; retry later"
@@ -199,7 +208,13 @@ class WorkerScorer:
 
     def close(self, wait_s: float = 5.0) -> None:
         """Stop the worker. An evaluation still running after `wait_s` is cut short (its
-        caller gets UNAVAILABLE; a charged release stays retryable at no extra cost)."""
+        caller gets UNAVAILABLE; a charged release stays retryable at no extra cost). A worker
+        still starting (the warm-up after SERVING imports torch for seconds) is ended at once, so
+        shutdown never waits for a start nobody needs any more."""
+        self._closed = True
+        starting = self._starting
+        if starting is not None and starting.is_alive():
+            starting.kill()  # its pipe closes: the waiting start sees EOF and gives up
         if self._lock.acquire(timeout=wait_s):
             try:
                 self._stop_process()
