@@ -182,6 +182,8 @@ class Simulation:
             "dp_enabled": budget.dp_enabled,
             "feedback_queries": feedback.stats.queries,
             "feedback_failures": feedback.stats.failures,
+            "feedback_candidates": feedback.stats.candidates_evaluated,
+            "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
