@@ -179,6 +179,27 @@ def hide_adapter_support(monkeypatch) -> None:
     monkeypatch.setattr(server, "info_response", without_adapters)
 
 
+def without_delta_support(monkeypatch) -> None:
+    """(issue 14) Not broken: a server from before delta candidates. GetInfo advertises no
+    delta_support and adapter files are refused (DISALLOWED_FILE)."""
+    from protocol import errors, validation
+    from protocol.refusal import CheckpointValidationError
+    from target_owner_node import server
+
+    original = server.info_response
+
+    def without(node, request=None):
+        info = original(node, request)
+        info.ClearField("delta_support")
+        return info
+
+    def refuse(*args, **kwargs):
+        raise CheckpointValidationError(errors.DISALLOWED_FILE, "adapter_model.safetensors is not allowed")
+
+    monkeypatch.setattr(server, "info_response", without)
+    monkeypatch.setattr(validation, "validate_adapter", refuse)
+
+
 def fast_exact_rdp(monkeypatch) -> None:
     """Make opacus' RDP accounting fast without changing a single number: compute_rdp is
     linear in `steps`, so the per-step RDP curve of each (q, z) is computed once and scaled.

@@ -92,6 +92,8 @@ def build(base: Path, tmp_path: Path, kind: str, monkeypatch) -> Case:
         broken.accept_any_adapter(monkeypatch)
     elif kind == "hides_adapter_support":
         broken.hide_adapter_support(monkeypatch)
+    elif kind == "without_delta_support":
+        broken.without_delta_support(monkeypatch)
     elif kind == "unnamed_verifier":
         broken.unnamed_verifier(monkeypatch)
     elif kind != "control":
@@ -141,6 +143,15 @@ def test_delta_checks_pass_against_the_unbroken_server(base_node, tmp_path, monk
     aimed = ["rpc.get_info.contract", "rpc.get_info.public_fields_only", "upload.delta.lora_adapter",
              "upload.delta.tensor_shards", "upload.refuse.bad_adapter"]
     _all_pass(run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed), aimed)
+
+
+def test_delta_checks_skip_on_a_server_that_does_not_advertise_them(base_node, tmp_path, monkeypatch):
+    aimed = ["upload.delta.lora_adapter", "upload.delta.tensor_shards", "upload.refuse.bad_adapter"]
+    results = run_checks(build(base_node, tmp_path, "without_delta_support", monkeypatch), aimed)
+    assert {i: r.result for i, r in results.items()} == {
+        "upload.delta.lora_adapter": "SKIP", "upload.delta.tensor_shards": "SKIP", "upload.refuse.bad_adapter": "PASS"}
+    assert "does not advertise" in results["upload.delta.tensor_shards"].detail
+    assert "adapters not advertised" in results["upload.refuse.bad_adapter"].detail
 
 
 def test_launched_checks_skip_without_launch_cmd(base_node, tmp_path, monkeypatch):
