@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in trees.items():
             print(f"goal {goal} in {name} ({tree}) ...", file=sys.stderr, flush=True)
             results[name][goal] = run_goal(goal, tree, args)
+            if args.json:  # after every goal: a run cut short keeps what it measured
+                args.json.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
     print(f"this tree: {ROOT} ({_commit(ROOT)}); today: {args.today or '-'}")
     for line in report(results):
         print(line)
