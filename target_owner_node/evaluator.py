@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,8 @@ class WorkerScorer:
         child.close()
         self._process, self._conn = process, parent
         self._starting = process
+        if self._closed:  # close() ran while the process was being launched
+            process.kill()
         try:
             started = parent.poll(WORKER_START_TIMEOUT_S)
         finally:
@@ -212,10 +215,14 @@ class WorkerScorer:
         still starting (the warm-up after SERVING imports torch for seconds) is ended at once, so
         shutdown never waits for a start nobody needs any more."""
         self._closed = True
-        starting = self._starting
-        if starting is not None and starting.is_alive():
-            starting.kill()  # its pipe closes: the waiting start sees EOF and gives up
-        if self._lock.acquire(timeout=wait_s):
+        deadline = time.monotonic() + wait_s
+        acquired = False
+        while not acquired and time.monotonic() < deadline:
+            starting = self._starting
+            if starting is not None and starting.is_alive():
+                starting.kill()  # its pipe closes: the waiting start sees EOF and gives up
+            acquired = self._lock.acquire(timeout=0.05)
+        if acquired:
             try:
                 self._stop_process()
             finally:

@@ -356,6 +356,8 @@ def _bytes_per_query(data: dict) -> str:
 
 def _lora_share(data: dict) -> str:
     candidates = 7  # the base plus 6 candidates, the count per query
+    if data.get("adapter_validated") is None:  # a tree without adapter support sends full checkpoints
+        return f"{candidates:.0%} ({candidates} full checkpoints: no adapters)"
     return (f"{candidates * data['adapter_bytes'] / data['full_bytes']:.1%} "
             f"({candidates} x {data['adapter_bytes'] / 2**20:.1f} MiB vs {data['full_bytes'] / 2**30:.2f} GiB)")
 

@@ -26,7 +26,7 @@ def test_the_report_puts_every_goal_beside_today():
            "queries": 10, "uploaded_bytes": 10 * 2**20, "checkpoint_bytes": 2**21}
     now = {
         1: {"feedback": run, "ablation": {**run, "loop_s": 100.0}},
-        2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20},
+        2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": True},
         3: {"upload_mib_s": 60.0, "copy_mib_s": 300.0, "size_mb": 100,
             "k_of_t": {"k": 2, "T": 20, "bytes_new": 10, "bytes_full": 100, "bytes_of_changed_tensors": 9}},
         4: {"pool": 10_000_000, "l2rr": {"ms_per_round": 2.0, "policy_rss_mb": 300.0},
@@ -34,6 +34,7 @@ def test_the_report_puts_every_goal_beside_today():
         5: {"first_start_s": 9.0, "cached_start_s": 1.5, "cached_stop_s": 0.5, "drain_delay_s": 0.0},
     }
     today = {1: {"feedback": {**run, "loop_s": 200.0, "phases_s": {}}, "ablation": {**run, "loop_s": 100.0}},
+             2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": None},
              4: {"error": "boom"}}
     lines = tool.report({"now": now, "today": today})
     text = "\n".join(lines)
@@ -43,7 +44,7 @@ def test_the_report_puts_every_goal_beside_today():
     assert "0.50 checkpoints (1.0 MiB, 10 queries)" in text
     assert "2.1% (7 x 9.0 MiB vs 3.00 GiB)" in text and "20% (60 / 300 MiB/s" in text
     assert "10.0% of the bytes for k/T = 2/20 tensors holding 9.0%" in text and "error: boom" in text
-    assert "1.50 s (first 9.00 s)" in text
+    assert "1.50 s (first 9.00 s)" in text and "700% (7 full checkpoints: no adapters)" in text
 
 
 def test_it_measures_the_sampler_the_bytes_and_the_owner_start(tmp_path):
