@@ -227,16 +227,21 @@ def measure_sampler(pool_size: int, rounds: int, policies: list[str]) -> dict:
     return {"pool": pool_size, **out}
 
 
+SAMPLERS = {  # the policies goal 4 times: module, policy class, options class (same in both trees)
+    "l2rr": ("trainer_node.policies.l2rr", "L2rrPolicy", "L2rrOptions"),
+    "greso": ("trainer_node.policies.greso", "GresoPolicy", "GresoOptions"),
+}
+
+
 def _policy(name: str, pool):
+    import importlib
+
     import numpy as np
 
-    if name == "l2rr":
-        from trainer_node.policies.l2rr import L2rrOptions as Options
-        from trainer_node.policies.l2rr import L2rrPolicy as Policy
-    else:
-        from trainer_node.policies.greso import GresoOptions as Options
-        from trainer_node.policies.greso import GresoPolicy as Policy
-    return Policy(pool, Options(batch_size=256, rollouts_per_prompt=8), np.random.default_rng(0))
+    module_name, policy_class, options_class = SAMPLERS[name]
+    module = importlib.import_module(module_name)
+    options = getattr(module, options_class)(batch_size=256, rollouts_per_prompt=8)
+    return getattr(module, policy_class)(pool, options, np.random.default_rng(0))
 
 
 def _rss_mb() -> float:
