@@ -53,22 +53,46 @@ def init_owner(
     sample_rate: float | None = None,
     planned_releases: int | None = None,
     max_prompt_tokens: int | None = None,
+    batch_size: int | None = None,
 ) -> None:
     """A complete owner folder (what `target-owner-node init DIR` writes), server name localhost.
 
     `test_split` serves SPLIT_TEST (exact accuracy, no privacy guarantee; off in what init
     writes by default): the simulation's before/after measurements use it. A setting left
     None takes the owner's own default (target_owner_node.scaffold.init_node).
+
+    `batch_size` sets the owner's public fixed batch (evaluation.batch_size): the simulation
+    uses one batch per query's rows (`query_batch_size`), as an owner of a small model would.
+    A local owner is stopped with the run, so it skips the drain delay health checkers need.
     """
+    from target_owner_node.config import load_config
     from target_owner_node.scaffold import init_node
 
     given = {"epsilon": epsilon, "sample_rate": sample_rate, "planned_releases": planned_releases,
              "max_prompt_tokens": max_prompt_tokens}
     try:
-        init_node(Path(directory), testbed=testbed, server_names=["localhost"], dp_enabled=dp,
-                  test_split_enabled=test_split, **{k: v for k, v in given.items() if v is not None})
+        result = init_node(Path(directory), testbed=testbed, server_names=["localhost"], dp_enabled=dp,
+                           test_split_enabled=test_split, **{k: v for k, v in given.items() if v is not None})
     except (FileExistsError, ValueError, KeyError) as error:
         raise OwnerProcessError(f"target-owner setup in {directory} failed: {error}") from None
+    config_path = result.config_path
+    text = config_path.read_text()
+    text = re.sub(r"(?m)^drain_delay_s = [0-9.]+", "drain_delay_s = 0.0", text)
+    if batch_size is not None:
+        text = re.sub(r"(?m)^batch_size = \d+", f"batch_size = {int(batch_size)}", text)
+    config_path.write_text(text)
+    config = load_config(config_path)  # the edited file must still be a valid owner config
+    if batch_size is not None and config.evaluation.batch_size != batch_size:
+        raise OwnerProcessError(f"could not set evaluation.batch_size = {batch_size} in {config_path}")
+
+
+def query_batch_size(heldout_size: int, sample_rate: float, dp: bool) -> int:
+    """The public rows every feedback query evaluates (rows_per_query; all rows without DP)."""
+    from protocol.privacy.mechanisms import rows_per_query
+    from target_owner_node.config import PrivacyConfig
+
+    tail = PrivacyConfig.model_fields["row_cap_tail"].default
+    return rows_per_query(heldout_size, sample_rate, tail) if dp else heldout_size
 
 
 class OwnerProcess:

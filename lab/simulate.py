@@ -25,7 +25,7 @@ from typing import Any
 
 from lab.configs import simulate_defaults_path
 from lab.evaluation import OwnerTestEvaluation, domain_accuracy
-from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner
+from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
 from lab.policies import fill_simulation_options
 from rlvr_core.configuration import load_toml
 from trainer_node.config import TrainConfig, parse_config, with_overrides
@@ -144,7 +144,8 @@ class Simulation:
         setup = build_training(cfg, extend_pool=target_mix_pool if cfg.data.train_on_feedback_split else None)
         init_owner(owner_dir, cfg.data.testbed, dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
                    sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
-                   max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template))
+                   max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template),
+                   batch_size=query_batch_size(len(setup.data.feedback), opts.sample_rate, not opts.no_dp))
 
         trainer = setup.trainer
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:
@@ -181,6 +182,8 @@ class Simulation:
             "dp_enabled": budget.dp_enabled,
             "feedback_queries": feedback.stats.queries,
             "feedback_failures": feedback.stats.failures,
+            "feedback_candidates": feedback.stats.candidates_evaluated,
+            "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }

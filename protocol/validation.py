@@ -29,6 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from protocol import errors
+from protocol.adapter_rules import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_FILES,
+    ADAPTER_WEIGHTS_FILE,
+    DEFAULT_MAX_ADAPTER_BYTES,
+    ValidatedAdapter,
+    validate_adapter,
+)
 from protocol.config_rules import (
     ALLOWED_ARCHITECTURES,
     HIDDEN_SIZE_KEY,
@@ -74,6 +82,7 @@ ALLOWED_JSON_FILES: frozenset[str] = frozenset(
         "tokenizer_config.json",
         "special_tokens_map.json",
         "model.safetensors.index.json",
+        ADAPTER_CONFIG_FILE,
     }
 )
 
@@ -117,7 +126,7 @@ SAFETENSORS_DTYPE_BITS: dict[str, int] = {
 
 
 def is_allowed_file_name(name: str) -> bool:
-    return name in ALLOWED_JSON_FILES or bool(SAFETENSORS_NAME.match(name))
+    return name in ALLOWED_JSON_FILES or bool(SAFETENSORS_NAME.match(name)) or name == ADAPTER_WEIGHTS_FILE
 
 
 def _refuse(reason: str, message: str) -> CheckpointValidationError:
@@ -158,8 +167,8 @@ def validate_file_name(name: str) -> str:
     if not is_allowed_file_name(name):
         raise _refuse(
             errors.DISALLOWED_FILE,
-            f"file {_shown(name)} is not allowed; allowed: model.safetensors (or model-NNNNN-of-NNNNN.safetensors) "
-            f"and {', '.join(sorted(ALLOWED_JSON_FILES))}",
+            f"file {_shown(name)} is not allowed; allowed: model.safetensors (or model-NNNNN-of-NNNNN.safetensors), "
+            f"{ADAPTER_WEIGHTS_FILE} and {', '.join(sorted(ALLOWED_JSON_FILES))}",
         )
     return name
 
@@ -543,6 +552,8 @@ class ValidatedCheckpoint:
     total_bytes: int
     embedding: EmbeddingShape | None = None
     tokenizer: TokenizerSummary | None = None
+    adapter: ValidatedAdapter | None = None
+    """The LoRA adapter beside the base weights (protocol.adapter_rules), if the folder has one."""
 
 
 REQUIRED_FILES = ("config.json", "tokenizer.json")
@@ -553,6 +564,7 @@ def validate_checkpoint_dir(
     directory: Path,
     allowed_architectures: Iterable[str] = ALLOWED_ARCHITECTURES,
     max_total_bytes: int | None = None,
+    max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
 ) -> ValidatedCheckpoint:
     """Run every upload check on a checkpoint directory; the model loader runs the same.
 
@@ -562,7 +574,8 @@ def validate_checkpoint_dir(
     passes protocol.config_rules; its vocab_size and hidden size match the input embedding
     read from the headers; the output head has the embedding's shape; every token id in
     config.json / generation_config.json and every id the tokenizer can produce is a row of the
-    embedding; the tokenizer passes protocol.tokenizer_rules.
+    embedding; the tokenizer passes protocol.tokenizer_rules. A LoRA adapter (adapter_config.json
+    with adapter_model.safetensors) must fit the base weights (protocol.adapter_rules).
     """
     directory = Path(directory)
     entries = sorted(directory.iterdir(), key=lambda p: p.name)
@@ -608,8 +621,20 @@ def validate_checkpoint_dir(
         present.get("tokenizer_config.json"),
         present.get("special_tokens_map.json"),
     )
+    adapter = None
+    present_adapter = [name for name in ADAPTER_FILES if name in names]
+    if present_adapter:
+        if len(present_adapter) != len(ADAPTER_FILES):
+            missing = next(name for name in ADAPTER_FILES if name not in names)
+            raise _refuse(errors.INVALID_CHECKPOINT, f"a LoRA adapter needs both {' and '.join(ADAPTER_FILES)}; "
+                          f"{missing} is missing")
+        adapter = validate_adapter(
+            _read_json_bytes(directory / ADAPTER_CONFIG_FILE), directory / ADAPTER_WEIGHTS_FILE,
+            config["architectures"][0], shapes, embedding.tensor, max_adapter_bytes,
+        )
     return ValidatedCheckpoint(
-        config=config, files=tuple(names), total_bytes=total, embedding=embedding, tokenizer=tokenizer
+        config=config, files=tuple(names), total_bytes=total, embedding=embedding, tokenizer=tokenizer,
+        adapter=adapter,
     )
 
 

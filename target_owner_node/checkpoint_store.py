@@ -32,10 +32,12 @@ from pathlib import Path
 import grpc
 
 from protocol import errors
+from protocol.adapter_rules import DEFAULT_MAX_ADAPTER_BYTES
 from protocol.errors import ProtocolError, invalid
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.validation import (
     MAX_CHUNK_BYTES,
+    MAX_SAFETENSORS_HEADER_BYTES,
     CheckpointValidationError,
     checkpoint_id_for,
     validate_checkpoint_dir,
@@ -65,13 +67,14 @@ class UploadResult:
 
 def structure_key(entries: list[ManifestEntry], folder: Path) -> str:
     """Everything of a checkpoint but its tensor values: the JSON files' contents and the
-    safetensors headers (tensor names, dtypes, shapes, offsets, metadata).
+    safetensors headers (tensor names, dtypes, shapes, offsets, metadata) and sizes.
 
     Two checkpoints with one structure key load and generate through the same code paths at
     the same shapes; only numbers differ, and no number can make the engine raise (sampling is
     the project's own inverse-CDF selection, which takes NaN and inf without error). So one
     dry run per structure is enough: a lookahead candidate that changes only weights is not
-    probed again.
+    probed again. The upload checks (validate_checkpoint_dir) read nothing else either (names,
+    JSON contents, headers and file sizes), so a structure that passed them once passes again.
     """
     digest = hashlib.sha256()
     for entry in sorted(entries, key=lambda e: e.name):
@@ -79,7 +82,8 @@ def structure_key(entries: list[ManifestEntry], folder: Path) -> str:
         if entry.name.endswith(".safetensors"):
             with (folder / entry.name).open("rb") as handle:
                 head = handle.read(8)
-                digest.update(head + handle.read(int.from_bytes(head, "little")))
+                digest.update(head + handle.read(min(int.from_bytes(head, "little"), MAX_SAFETENSORS_HEADER_BYTES)))
+            digest.update(b"\0" + str(entry.size).encode("ascii"))
         else:
             digest.update(entry.sha256.encode("ascii"))
         digest.update(b"\0")
@@ -101,7 +105,9 @@ class CheckpointStore:
         self.root = Path(root)
         self.probe = probe
         self._probed_structures: set[str] = set()  # structure keys whose dry run passed (see structure_key)
+        self._validated_structures: set[str] = set()  # structure keys that passed validate_checkpoint_dir
         self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.max_adapter_bytes = min(DEFAULT_MAX_ADAPTER_BYTES, max_checkpoint_bytes)  # GetInfo delta_support
         self.quota_bytes = quota_bytes
         self.blobs = self.root / "blobs"
         self.checkpoints = self.root / "checkpoints"
@@ -136,6 +142,10 @@ class CheckpointStore:
                 "config.json: max_position_embeddings (or n_positions) must be a positive integer",
             )
         return value
+
+    def file_digests(self, checkpoint_id: str) -> dict[str, str]:
+        """{file name: sha256} of a stored checkpoint (what its materialized files contain)."""
+        return {entry.name: entry.sha256 for entry in self.manifest(checkpoint_id)}
 
     def holds_blob(self, sha256: str) -> bool:
         return (self.blobs / sha256).is_file()
@@ -330,15 +340,18 @@ class CheckpointStore:
         for entry in entries:
             if entry.name not in received:
                 os.link(self.blobs / entry.sha256, workdir / entry.name)
-        try:
-            validate_checkpoint_dir(workdir, max_total_bytes=self.max_checkpoint_bytes)
-        except CheckpointValidationError as error:
-            raise error.to_protocol_error() from None
-        if self.probe is not None and not self.exists(checkpoint_id):
-            structure = structure_key(entries, workdir)
-            if structure not in self._probed_structures:
-                self.probe(checkpoint_id, workdir)
-                self._probed_structures.add(structure)
+        structure = structure_key(entries, workdir)
+        if structure not in self._validated_structures:
+            try:
+                validate_checkpoint_dir(
+                    workdir, max_total_bytes=self.max_checkpoint_bytes, max_adapter_bytes=self.max_adapter_bytes
+                )
+            except CheckpointValidationError as error:
+                raise error.to_protocol_error() from None
+            self._validated_structures.add(structure)
+        if self.probe is not None and not self.exists(checkpoint_id) and structure not in self._probed_structures:
+            self.probe(checkpoint_id, workdir)
+            self._probed_structures.add(structure)
         for entry in entries:
             if entry.name not in received:
                 (workdir / entry.name).unlink()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,14 +56,21 @@ class WorkerScorer:
         self.target = target
         self.timeout_s = timeout_s
         self.expected_sizes = expected_sizes
+        self.file_digests: Callable[[str], dict[str, str]] | None = None
+        """checkpoint id -> {file name: sha256} (the store's manifest, set by open_node): lets the
+        worker apply only the files a candidate changed (worker.ModelCache)."""
         self._lock = threading.Lock()
         self._process = None
         self._conn = None
+        self._starting = None  # the worker process while _ensure_started waits for its "ready"
+        self._closed = False
         self._context = multiprocessing.get_context("spawn")
 
     def start(self) -> None:
         """Start the worker now (otherwise it starts on the first evaluation)."""
         with self._lock:
+            if self._closed:
+                return  # a warm-up that lost the race with shutdown starts nothing
             self._ensure_started()
 
     def _ensure_started(self) -> None:
@@ -76,7 +84,14 @@ class WorkerScorer:
         process.start()
         child.close()
         self._process, self._conn = process, parent
-        if not parent.poll(WORKER_START_TIMEOUT_S):
+        self._starting = process
+        if self._closed:  # close() ran while the process was being launched
+            process.kill()
+        try:
+            started = parent.poll(WORKER_START_TIMEOUT_S)
+        finally:
+            self._starting = None
+        if not started:
             self._stop_process()
             raise evaluation_failed(
                 grpc.StatusCode.UNAVAILABLE, "the evaluation worker did not start; retry later"
@@ -112,7 +127,7 @@ class WorkerScorer:
         request = (
             "score",
             split,
-            [(cid, str(path)) for cid, path in checkpoints],
+            [(cid, str(path), self._digests(cid)) for cid, path in checkpoints],
             [int(i) for i in indices],
             decoding.to_json(),
         )
@@ -127,6 +142,9 @@ class WorkerScorer:
         if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
             raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
         return np.clip(scores, 0.0, 1.0)
+
+    def _digests(self, checkpoint_id: str) -> dict[str, str]:
+        return self.file_digests(checkpoint_id) if self.file_digests is not None else {}
 
     def probe(self, checkpoint_id: str, directory: Path) -> None:
         """Dry-run a new checkpoint on public probe prompts (upload time, before it is stored).
@@ -181,15 +199,30 @@ class WorkerScorer:
                 pass
             conn.close()
         if process is not None:
-            process.join(timeout=2)
+            # The worker holds nothing to save: a short grace for the "stop" message, then
+            # SIGTERM (a worker still importing torch at start would not read it for seconds).
+            process.join(timeout=0.5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=1)
             if process.is_alive():
                 process.kill()
                 process.join(timeout=5)
 
     def close(self, wait_s: float = 5.0) -> None:
         """Stop the worker. An evaluation still running after `wait_s` is cut short (its
-        caller gets UNAVAILABLE; a charged release stays retryable at no extra cost)."""
-        if self._lock.acquire(timeout=wait_s):
+        caller gets UNAVAILABLE; a charged release stays retryable at no extra cost). A worker
+        still starting (the warm-up after SERVING imports torch for seconds) is ended at once, so
+        shutdown never waits for a start nobody needs any more."""
+        self._closed = True
+        deadline = time.monotonic() + wait_s
+        acquired = False
+        while not acquired and time.monotonic() < deadline:
+            starting = self._starting
+            if starting is not None and starting.is_alive():
+                starting.kill()  # its pipe closes: the waiting start sees EOF and gives up
+            acquired = self._lock.acquire(timeout=0.05)
+        if acquired:
             try:
                 self._stop_process()
             finally:

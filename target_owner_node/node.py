@@ -6,7 +6,8 @@ in data.test_domains; privacy.delta is not below 1 / held-out size; the privacy 
 corrupt; the audit chain is broken; the ledger and the audit log disagree about the charges
 (`ledger_audit`; the one allowed gap, the last charge unaudited after a crash, is repaired);
 the state marker says the storage folder spent budget but neither file records a charge
-(`state_marker`). The noise multiplier is calibrated here, from the config's privacy targets.
+(`state_marker`). The noise multiplier is calibrated here, from the config's privacy targets,
+or read from the storage folder's calibration cache when those targets match (noise_cache.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from target_owner_node.ledger_audit import (
     repair_last_charge,
 )
 from target_owner_node.logs import log_event
+from target_owner_node.noise_cache import cached_noise_multiplier, cached_rows_per_query
 from target_owner_node.release import ReleaseService
 from target_owner_node.state_marker import StateMarker, StateMarkerError, refuse_if_storage_lost
 from target_owner_node.worker import WorkerSpec
@@ -65,7 +67,8 @@ class OwnerNode:
 def derived_noise_multiplier(
     epsilon: float, delta: float, sample_rate: float, releases: int, accountant: str
 ) -> float:
-    """The noise multiplier z for which `releases` single-candidate releases spend `epsilon`."""
+    """The noise multiplier z for which `releases` single-candidate releases spend `epsilon`
+    (memoised in-process; across restarts noise_cache.py keeps it in the storage folder)."""
     return float(calibrate_noise_multiplier(epsilon, delta, sample_rate, releases, accountant=accountant))
 
 
@@ -142,12 +145,14 @@ def open_node(
             raise NodeStartupError(str(error)) from None
         charges = ledger.releases()
         usable_marker = _usable_marker(config, marker, charges[0].pending.time if charges else None)
-        z = derived_noise_multiplier(
+        z = cached_noise_multiplier(  # noise_cache.py: a restart with the same targets skips calibration
+            config.storage.dir,
             privacy.epsilon_budget,
             privacy.delta,
             privacy.sample_rate,
             privacy.planned_releases,
             privacy.accountant,
+            calibrate=derived_noise_multiplier,
         )
         budget = PrivacyBudget(privacy, z, ledger, audit, usable_marker)
     if scorer is None:
@@ -159,9 +164,15 @@ def open_node(
         config.storage.quota_bytes,
         probe=getattr(scorer, "probe", None),
     )
+    if hasattr(scorer, "file_digests"):
+        scorer.file_digests = store.file_digests  # the worker applies only a candidate's changed files
     releases = ReleaseService(
         facts, store, scorer, audit, budget, random_source, min_response_s=config.evaluation.min_response_s
     )
+    if budget is not None:  # noise_cache.py: a restart with the same public numbers skips scipy's import
+        releases.known_rows_per_query = cached_rows_per_query(
+            config.storage.dir, facts.heldout_size, privacy.sample_rate, privacy.row_cap_tail
+        )
     return OwnerNode(config, facts, store, audit, budget, releases, scorer)
 
 

@@ -79,6 +79,9 @@ class ReleaseService:
     random_source: object | None = None  # SecureRandom-like: normal(std, size), bernoulli_mask(n, p)
     metrics: OwnerMetrics = field(default_factory=OwnerMetrics)  # start_server swaps in the served one
     min_response_s: float = 0.0  # optional floor on a DP release's wall time (evaluation.min_response_s)
+    known_rows_per_query: int | None = None
+    """rows_per_query as node start-up read it from its cache (noise_cache.cached_rows_per_query);
+    None: computed on first use."""
     # Locks live only while some call holds them (weak values), so refused and finished requests
     # never pile up in this table.
     _request_locks: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, init=False)
@@ -101,8 +104,11 @@ class ReleaseService:
         """The public number of rows every DP query evaluates (sampled rows + discarded padding)."""
         if self.budget is None:
             return self.facts.heldout_size
-        privacy = self.budget.privacy
-        return rows_per_query(self.facts.heldout_size, privacy.sample_rate, privacy.row_cap_tail)
+        if self.known_rows_per_query is None:  # a pure function of public numbers: computed once
+            privacy = self.budget.privacy
+            self.known_rows_per_query = rows_per_query(self.facts.heldout_size, privacy.sample_rate,
+                                                       privacy.row_cap_tail)
+        return self.known_rows_per_query
 
     # -- entry point -----------------------------------------------------------------------
     def evaluate(self, client: str, request: EvaluateInputs) -> ReleaseResult:

@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protocol import PROTOCOL_VERSION, errors
+from protocol.adapter_rules import ADAPTER_WEIGHTS_FILE, MAX_LORA_RANK
 from protocol.errors import ProtocolError
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
@@ -253,7 +254,13 @@ def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> 
             max_chunk_bytes=MAX_CHUNK_BYTES,
             allowed_architectures=list(ALLOWED_ARCHITECTURES),
             allowed_file_names=sorted(ALLOWED_JSON_FILES)
-            + ["model.safetensors", "model-NNNNN-of-NNNNN.safetensors"],
+            + ["model.safetensors", "model-NNNNN-of-NNNNN.safetensors", ADAPTER_WEIGHTS_FILE],
+        ),
+        delta_support=pb.DeltaSupport(
+            tensor_shards=True,  # stored file by file; the worker applies changed files in place
+            lora_adapters=True,  # protocol.adapter_rules at upload; worker.AppliedAdapter at evaluation
+            max_lora_rank=MAX_LORA_RANK,
+            max_adapter_bytes=node.store.max_adapter_bytes,
         ),
         prompt_template=rendering.prompt_template,
         chat_template=rendering.chat_template,

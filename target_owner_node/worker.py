@@ -15,7 +15,7 @@ and memory depend on nothing but public sizes (docs/PRIVACY.md, "Side channels")
 
 Protocol over a multiprocessing Pipe (all messages are tuples):
     worker -> server   ("ready", {"heldout_size": N, "test_size": T}) | ("error", kind)
-    server -> worker   ("score", split, [(checkpoint_id, dir), ...], [row indices], decoding dict)
+    server -> worker   ("score", split, [(checkpoint_id, dir, {file: sha256}), ...], [row indices], decoding dict)
     worker -> server   ("ok", ndarray (num_candidates, num_rows)) | ("error", kind)
     server -> worker   ("probe", checkpoint_id, dir)      a dry run on public probe prompts
     worker -> server   ("ok", None) | ("error", kind)
@@ -24,14 +24,18 @@ Protocol over a multiprocessing Pipe (all messages are tuples):
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from protocol.adapter_rules import ADAPTER_FILES
 
 # Error kinds the worker may report. The server maps them to generic messages.
 DATA_UNREADABLE = "data_unreadable"
@@ -82,32 +86,218 @@ PROBE_TEXTS: tuple[str, ...] = (
 
 
 class ModelCache:
-    """A small LRU of loaded engines keyed by checkpoint id (ids are content hashes)."""
+    """Loaded models, one per checkpoint STRUCTURE (structure_key: config, tokenizer, safetensors
+    headers and sizes), LRU over `model_cache_size` structures.
+
+    A candidate of a structure already in memory is not reloaded: only the safetensors files
+    whose content differs from what the model holds (by sha256, `digests` from the store's
+    manifest) are read, and their tensors copied in place. A query of a base and C candidates
+    then loads each changed tensor once per candidate and builds one model and one engine, where
+    `from_pretrained` per candidate rebuilt everything. In-place loading is used only where it
+    provably gives what from_pretrained gives: at a structure's first (full) load, every stored
+    tensor is checked to land on its own parameter with exactly the loaded value (no tied
+    duplicate, no renamed key); a structure that fails that check is reloaded in full for each
+    new checkpoint, as before.
+    """
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self._engines: OrderedDict[str, Any] = OrderedDict()
+        self._slots: OrderedDict[str, _Resident] = OrderedDict()
+        self.full_loads = 0  # from_pretrained calls (tests and benchmarks read these)
+        self.files_applied = 0  # safetensors files copied in place
 
-    def get(self, checkpoint_id: str, directory: Path) -> Any:
-        if checkpoint_id in self._engines:
-            self._engines.move_to_end(checkpoint_id)
-            return self._engines[checkpoint_id]
-        import torch
+    def get(self, checkpoint_id: str, directory: Path, digests: dict[str, str] | None = None) -> Any:
+        """The engine of a checkpoint folder (the base weights, plus its LoRA adapter if it has one)."""
+        directory = Path(directory)
+        digests = dict(digests or {})
+        names = sorted(p.name for p in directory.iterdir())
+        base_files = [name for name in names if name not in ADAPTER_FILES]
+        weights = [name for name in base_files if name.endswith(".safetensors")]
+        structure = _structure_of(directory, base_files, digests)  # the base: adapters do not change it
+        slot = self._slots.get(structure)
+        if slot is not None:
+            self._slots.move_to_end(structure)
+            if slot.holds != checkpoint_id and slot.in_place:
+                self._apply(slot, directory, weights, digests)
+            elif slot.holds != checkpoint_id:
+                slot = None  # this structure cannot be applied in place: a full load
+        if slot is None:
+            slot = self._load(directory, base_files, weights, digests)
+            self._slots[structure] = slot
+            self._slots.move_to_end(structure)
+            while len(self._slots) > self.spec.model_cache_size:
+                self._slots.popitem(last=False)
+                if str(self.spec.device).startswith("cuda"):
+                    import torch
 
+                    torch.cuda.empty_cache()
+        if slot.holds != checkpoint_id:
+            slot.adapter.use(slot.model, directory if ADAPTER_FILES[0] in names else None, digests)
+            slot.holds = checkpoint_id
+        return slot.engine
+
+    def _load(self, directory: Path, base_files: list[str], weights: list[str], digests: dict[str, str]) -> _Resident:
         from rlvr_core.engines.registry import build_engine
         from rlvr_core.models.loading import load_policy
 
         dtype = _torch_dtype(self.spec.dtype, self.spec.device)
-        model, tokenizer = load_policy(directory, self.spec.device, dtype)
+        with _base_view(directory, base_files) as base:  # never a folder with adapter files: transformers
+            model, tokenizer = load_policy(base, self.spec.device, dtype)  # would hand those to PEFT
+        self.full_loads += 1
         # Every engine gets the same input: the owner's batch size reaches any engine as
         # FixedShape.batch_prompts on each generate call (evaluation_shape), never as an option.
         engine = build_engine(self.spec.engine, model, tokenizer, device=self.spec.device)
-        self._engines[checkpoint_id] = engine
-        while len(self._engines) > self.spec.model_cache_size:
-            self._engines.popitem(last=False)
-            if str(self.spec.device).startswith("cuda"):
-                torch.cuda.empty_cache()
-        return engine
+        targets = _in_place_targets(model, directory, weights)
+        loaded = {name: digests.get(name) for name in weights}
+        return _Resident(engine, model, targets, loaded, AppliedAdapter())
+
+    def _apply(self, slot: _Resident, directory: Path, weights: list[str], digests: dict[str, str]) -> None:
+        import torch
+        from safetensors import safe_open
+
+        changed = [name for name in weights if digests.get(name) is None or slot.loaded.get(name) != digests[name]]
+        with torch.no_grad():
+            for name in changed:
+                slot.loaded[name] = None  # unknown until the copy completes
+                with safe_open(str(directory / name), framework="pt", device="cpu") as handle:
+                    for tensor_name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        slot.targets[tensor_name].copy_(handle.get_tensor(tensor_name))
+                slot.loaded[name] = digests.get(name)
+                self.files_applied += 1
+        sync = getattr(slot.engine, "sync_weights", None)
+        if changed and sync is not None:
+            sync()
+
+
+class AppliedAdapter:
+    """The LoRA adapter a resident model runs with, as forward hooks on its linear layers:
+    out = W x + scale * B (A x), what PEFT computes, with the base weights untouched, so
+    removing the hooks restores the base exactly (no subtract-back rounding). The adapter was
+    validated at upload against the base's shapes (protocol.adapter_rules)."""
+
+    def __init__(self) -> None:
+        self.digest: str | None = None
+        self._handles: list[Any] = []
+
+    def use(self, model: Any, directory: Path | None, digests: dict[str, str]) -> None:
+        """Run `model` with the adapter in `directory` (None: none)."""
+        digest = None if directory is None else digests.get(ADAPTER_FILES[1])
+        if directory is not None and digest is not None and digest == self.digest:
+            return
+        self.remove()
+        if directory is None:
+            return
+        import torch
+        from safetensors.torch import load_file
+
+        from protocol.adapter_rules import parse_adapter_config
+
+        config = parse_adapter_config((directory / ADAPTER_FILES[0]).read_bytes())
+        rank, alpha = int(config["r"]), float(config["lora_alpha"])
+        scale = alpha / (rank**0.5 if config.get("use_rslora", False) else rank)
+        tensors = load_file(str(directory / ADAPTER_FILES[1]))
+        prefix = "base_model.model."
+        modules = sorted({name[len(prefix):].rsplit(".lora_", 1)[0] for name in tensors})
+        for module_name in modules:
+            module = model.get_submodule(module_name)
+            if not isinstance(module, torch.nn.Linear):
+                raise TypeError(f"adapter module {module_name} is not a linear layer")
+            weight = module.weight
+            down = tensors[f"{prefix}{module_name}.lora_A.weight"].to(weight.device, weight.dtype)  # (r, in)
+            up = tensors[f"{prefix}{module_name}.lora_B.weight"].to(weight.device, weight.dtype)  # (out, r)
+            self._handles.append(module.register_forward_hook(_lora_hook(down, up, scale)))
+        self.digest = digest
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self.digest = [], None
+
+
+def _lora_hook(down: Any, up: Any, scale: float):
+    import torch.nn.functional as F
+
+    def hook(module: Any, inputs: tuple, output: Any) -> Any:
+        return output + F.linear(F.linear(inputs[0], down), up) * scale
+
+    return hook
+
+
+@dataclass
+class _Resident:
+    engine: Any
+    model: Any
+    targets: dict | None
+    """Stored tensor name -> the model tensor it is copied into; None: in-place loading is off."""
+    loaded: dict[str, str | None]
+    """safetensors file -> sha256 of the content the model holds (None: unknown)."""
+    adapter: AppliedAdapter
+    holds: str = ""
+
+    @property
+    def in_place(self) -> bool:
+        return self.targets is not None
+
+
+@contextmanager
+def _base_view(directory: Path, base_files: list[str]):
+    """`directory`, or, when it holds adapter files too, a sibling folder of links to its base files."""
+    if len(base_files) == len(list(directory.iterdir())):
+        yield directory
+        return
+    import shutil
+    import tempfile
+
+    view = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-base-"))
+    try:
+        for name in base_files:
+            try:
+                os.link(directory / name, view / name)
+            except OSError:
+                shutil.copyfile(directory / name, view / name)
+        yield view
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+
+
+def _structure_of(directory: Path, files: list[str], digests: dict[str, str]) -> str:
+    """checkpoint_store.structure_key of some files of a folder; JSON files without a known
+    digest are hashed."""
+    import hashlib
+
+    from target_owner_node.checkpoint_store import ManifestEntry, structure_key
+
+    entries = []
+    for path in (directory / name for name in files):
+        digest = digests.get(path.name)
+        if digest is None and not path.name.endswith(".safetensors"):
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        entries.append(ManifestEntry(path.name, path.stat().st_size, digest or ""))
+    return structure_key(entries, directory)
+
+
+def _in_place_targets(model: Any, directory: Path, weights: list[str]) -> dict | None:
+    """Stored tensor name -> model tensor, when copying the files in place reproduces exactly what
+    from_pretrained loaded: each name is a state-dict entry of its own storage, of the same shape,
+    holding the stored value cast to the model's dtype. None otherwise."""
+    import torch
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    targets: dict[str, Any] = {}
+    storages: set[int] = set()
+    for name in weights:
+        with safe_open(str(directory / name), framework="pt", device="cpu") as handle:
+            for tensor_name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                target = state.get(tensor_name)
+                if target is None or target.data_ptr() in storages:
+                    return None  # a renamed key or a tied duplicate: from_pretrained decides, not a copy
+                stored = handle.get_tensor(tensor_name)
+                if stored.shape != target.shape or not torch.equal(stored.to(target.dtype), target):
+                    return None
+                storages.add(target.data_ptr())
+                targets[tensor_name] = target
+    return targets
 
 
 def _torch_dtype(name: str, device: str):
@@ -243,9 +433,9 @@ def _score(cache: ModelCache, spec: WorkerSpec, splits: dict, split: str, checkp
     scores = np.zeros((len(checkpoints), len(indices)))
     stage = MODEL_LOAD_FAILED
     try:
-        for position, (checkpoint_id, directory) in enumerate(checkpoints):
+        for position, (checkpoint_id, directory, *digests) in enumerate(checkpoints):
             stage = MODEL_LOAD_FAILED
-            engine = cache.get(checkpoint_id, Path(directory))
+            engine = cache.get(checkpoint_id, Path(directory), digests[0] if digests else None)
             stage = EVALUATION_FAILED
             scores[position] = score_split(engine, spec, splits[split], indices, decoding)
     except Exception as error:  # noqa: BLE001 - a failure no single row explains (score_rows confines those)

@@ -4,6 +4,7 @@ It reads top to bottom, like nanochat's RL script:
 
     eval at start        (a resumed run was measured before it stopped)
     steps                train_step -> feedback hook (stats, selection candidates) -> log
+                         (each step record carries its time per phase, grpo/timing.py)
                          every eval_every steps: eval; every save_every steps: checkpoint
     final eval + checkpoint
     feedback hook's end  (a final release, checkpoint selection)
@@ -23,11 +24,13 @@ from their callbacks):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainer_node.grpo.checkpoint import checkpoint_name, save_checkpoint
+from trainer_node.grpo.timing import phase_key
 from trainer_node.grpo.trainer import GRPOTrainer
 from trainer_node.run_output import RunOutput
 
@@ -130,7 +133,11 @@ def run_loop(
     while trainer.step_index < schedule.steps:
         record = trainer.train_step()
         done = trainer.step_index
+        hook_started = time.perf_counter()
         feedback.after_step(done, record)
+        hook_seconds = time.perf_counter() - hook_started  # the hook's work is part of the step's time
+        record[phase_key("other")] = record.get(phase_key("other"), 0.0) + hook_seconds
+        record["step_seconds"] = record.get("step_seconds", 0.0) + hook_seconds
         output.log_step(record)
         if schedule.evaluates_after(done):
             measure(f"step{done}")

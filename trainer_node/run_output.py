@@ -17,6 +17,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from trainer_node.grpo.timing import FEEDBACK_PHASES, PHASES, phase_key
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 
@@ -111,7 +113,21 @@ def summarise(records: Iterable[dict[str, Any]], wall_seconds: float) -> dict[st
         if series:
             summary[f"{name}/accuracy_first"] = series[0]["accuracy"]
             summary[f"{name}/accuracy_last"] = series[-1]["accuracy"]
+    summary.update(phase_split(train))
     return summary
+
+
+def phase_split(train: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds per phase over the run's steps (grpo/timing.py), their total, and the share of the
+    phases that exist only for target feedback (candidates, upload, owner_wait)."""
+    totals = {name: sum(r.get(phase_key(name)) or 0.0 for r in train) for name in PHASES}
+    loop = sum(totals.values())
+    if loop <= 0:
+        return {}
+    out: dict[str, Any] = {f"time/{name}_s": round(seconds, 3) for name, seconds in totals.items()}
+    out["time/loop_s"] = round(loop, 3)
+    out["time/feedback_share"] = round(sum(totals[name] for name in FEEDBACK_PHASES) / loop, 4)
+    return out
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -125,7 +141,8 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def write_plots(records: list[dict[str, Any]], run_dir: Path) -> list[Path]:
-    """reward_vs_step.png; accuracy_vs_rollouts.png (if evals); q_per_cluster.png (if q/ keys)."""
+    """reward_vs_step.png; accuracy_vs_rollouts.png (if evals); time_per_phase.png (if phase
+    timings); q_per_cluster.png (if q/ keys)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,6 +178,20 @@ def write_plots(records: list[dict[str, Any]], run_dir: Path) -> list[Path]:
         ax.legend()
         ax.set_title("accuracy vs rollouts")
         save(fig, "accuracy_vs_rollouts.png")
+
+    if any(phase_key("generation") in r for r in train):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        steps = [r["step"] for r in train]
+        bottom = [0.0] * len(train)
+        for name in PHASES:
+            values = [r.get(phase_key(name)) or 0.0 for r in train]
+            ax.bar(steps, values, bottom=bottom, width=1.0, label=name)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.legend(fontsize="small", ncol=4)
+        ax.set_title("where each step's time goes")
+        save(fig, "time_per_phase.png")
 
     q_keys = sorted({k for r in train for k in r if k.startswith("q/")})
     if q_keys:

@@ -280,3 +280,61 @@ def tokenizer_with_token_past_embedding(tokenizer_json: bytes, rows: int, conten
         "normalized": False, "special": False,
     }]
     return json.dumps(tokenizer, ensure_ascii=False).encode("utf-8")
+
+
+# -- candidates as deltas (GetInfo delta_support) -----------------------------------------------
+
+
+def tensor_shard_files(files: list[CheckpointFile], change: dict[str, np.ndarray] | None = None) -> list[CheckpointFile]:
+    """The checkpoint with model.safetensors split into one shard per tensor plus the index
+    (how a trainer sends candidates so that unchanged tensors are never resent); `change`
+    replaces some tensors' values."""
+    from safetensors.numpy import load
+
+    tensors = dict(load(file_data(files, "model.safetensors")))
+    tensors.update(change or {})
+    names = sorted(tensors)
+    shards, weight_map = [], {}
+    for i, name in enumerate(names):
+        shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
+        shards.append(CheckpointFile(shard, safetensors_bytes({name: tensors[name]})))
+        weight_map[name] = shard
+    index = json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1, sort_keys=True).encode()
+    rest = [f for f in files if f.name != "model.safetensors"]
+    return sorted(rest + shards + [CheckpointFile("model.safetensors.index.json", index)], key=lambda f: f.name)
+
+
+LORA_MODULES = ("q_proj", "v_proj")
+
+
+def lora_adapter_files(
+    files: list[CheckpointFile], rank: int = 4, seed: int = 0, alpha: float = 8.0,
+    config_changes: dict | None = None, tensors_changes: dict[str, np.ndarray | None] | None = None,
+) -> list[CheckpointFile]:
+    """The checkpoint plus a LoRA adapter on every q_proj and v_proj (adapter_config.json +
+    adapter_model.safetensors, as PEFT names them); `*_changes` break it on purpose (None drops a tensor)."""
+    from safetensors.numpy import load
+
+    weights = {}
+    for f in files:
+        if f.name.endswith(".safetensors"):
+            weights.update(load(f.data))
+    rng = np.random.default_rng(seed)
+    adapter: dict[str, np.ndarray] = {}
+    for name, tensor in sorted(weights.items()):
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.rsplit(".", 1)[-1] in LORA_MODULES:
+            out_features, in_features = tensor.shape
+            adapter[f"base_model.model.{module}.lora_A.weight"] = (rng.standard_normal((rank, in_features)) * 0.1).astype(np.float32)
+            adapter[f"base_model.model.{module}.lora_B.weight"] = (rng.standard_normal((out_features, rank)) * 0.1).astype(np.float32)
+    for name, value in (tensors_changes or {}).items():
+        if value is None:
+            adapter.pop(name, None)
+        else:
+            adapter[name] = value
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(LORA_MODULES),
+              "bias": "none", "task_type": "CAUSAL_LM", **(config_changes or {})}
+    extra = [CheckpointFile("adapter_config.json", json.dumps(config, indent=1).encode()),
+             CheckpointFile("adapter_model.safetensors", safetensors_bytes(adapter))]
+    return sorted([f for f in files if f.name not in ("adapter_config.json", "adapter_model.safetensors")] + extra,
+                  key=lambda f: f.name)

@@ -163,6 +163,10 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
     assert diagnostics["uniform-select"].config == {"selection": {"every": 10}}
     oracle_run = next(r for r in plan_runs(load_profile("diagnostics")) if r.label == "oracle")
     assert oracle_run.config["policy"]["domain_weights"] == {"count": 1.0}  # filled as simulate does
+    staleness = load_profile("staleness")  # issue 14: asynchronous against synchronous feedback, paired
+    assert {m.label: m.options for m in staleness.methods} == {"l2rr-sync": {"max_staleness": 0},
+                                                               "l2rr-async": {"max_staleness": 8}}
+    assert staleness.control == "l2rr-sync" and len(plan_runs(staleness)) == 12
     with pytest.raises(BenchSpecError, match="unknown profile"):
         load_profile("huge")
 

@@ -155,6 +155,51 @@ def accept_pickle(monkeypatch) -> None:
     monkeypatch.setattr(store, "validate_checkpoint_dir", lenient_dir)
 
 
+def accept_any_adapter(monkeypatch) -> None:
+    """(issue 14) Adapters are stored without being checked against their base."""
+    from protocol import validation
+
+    monkeypatch.setattr(validation, "validate_adapter", lambda *args, **kwargs: None)
+
+
+def hide_adapter_support(monkeypatch) -> None:
+    """(issue 14) GetInfo says no LoRA adapters, but the store still accepts them (the evaluator
+    would apply them silently; a server without adapter code would ignore them)."""
+    from target_owner_node import server
+
+    original = server.info_response
+
+    def without_adapters(node, request=None):
+        info = original(node, request)
+        info.delta_support.lora_adapters = False
+        info.delta_support.max_lora_rank = 0
+        info.delta_support.max_adapter_bytes = 0
+        return info
+
+    monkeypatch.setattr(server, "info_response", without_adapters)
+
+
+def without_delta_support(monkeypatch) -> None:
+    """(issue 14) Not broken: a server from before delta candidates. GetInfo advertises no
+    delta_support and adapter files are refused (DISALLOWED_FILE)."""
+    from protocol import errors, validation
+    from protocol.refusal import CheckpointValidationError
+    from target_owner_node import server
+
+    original = server.info_response
+
+    def without(node, request=None):
+        info = original(node, request)
+        info.ClearField("delta_support")
+        return info
+
+    def refuse(*args, **kwargs):
+        raise CheckpointValidationError(errors.DISALLOWED_FILE, "adapter_model.safetensors is not allowed")
+
+    monkeypatch.setattr(server, "info_response", without)
+    monkeypatch.setattr(validation, "validate_adapter", refuse)
+
+
 def fast_exact_rdp(monkeypatch) -> None:
     """Make opacus' RDP accounting fast without changing a single number: compute_rdp is
     linear in `steps`, so the per-step RDP curve of each (q, z) is computed once and scaled.

@@ -31,9 +31,12 @@ TARGETED = {
     "accepts_any_tokenizer": ("upload.refuse.tokenizer_out_of_range", "upload succeeded"),
     "charges_then_fails": ("evaluate.refuse.charge_then_fail", "decoding.seed = 2**63"),
     "unnamed_verifier": ("rpc.get_info.contract", "verifier_name is empty"),
+    "accepts_any_adapter": ("upload.refuse.bad_adapter", "upload succeeded"),
+    "hides_adapter_support": ("upload.refuse.bad_adapter", "upload succeeded"),
 }
 # The aimed checks that pass against today's server (the rest wait for issue 11's fixes).
-PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle", "unnamed_verifier")
+PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle", "unnamed_verifier",
+                 "accepts_any_adapter", "hides_adapter_support")
 
 # launched breakage (conformance_harness.py launch --break KIND) -> (aimed check, words of its failure)
 LAUNCHED = {
@@ -85,6 +88,12 @@ def build(base: Path, tmp_path: Path, kind: str, monkeypatch) -> Case:
         broken.accept_any_tokenizer(monkeypatch)
     elif kind == "charges_then_fails":
         broken.seed_unchecked_before_charge(monkeypatch)
+    elif kind == "accepts_any_adapter":
+        broken.accept_any_adapter(monkeypatch)
+    elif kind == "hides_adapter_support":
+        broken.hide_adapter_support(monkeypatch)
+    elif kind == "without_delta_support":
+        broken.without_delta_support(monkeypatch)
     elif kind == "unnamed_verifier":
         broken.unnamed_verifier(monkeypatch)
     elif kind != "control":
@@ -119,7 +128,7 @@ def _all_pass(results: dict, aimed: list[str]) -> None:
 
 
 def test_the_aimed_checks_pass_against_the_unbroken_server(base_node, tmp_path, monkeypatch):
-    aimed = sorted(TARGETED[kind][0] for kind in PASSING_TODAY)
+    aimed = sorted({TARGETED[kind][0] for kind in PASSING_TODAY})
     _all_pass(run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed), aimed)
 
 
@@ -128,6 +137,21 @@ def test_issue_11_aimed_checks_pass_against_the_unbroken_server(base_node, tmp_p
                    | {"info.fixed_shape_declared", "info.test_domains_declared", "upload.refuse.tokenizer_pipeline",
                       "upload.refuse.config_keys", "rpc.get_info.public_fields_only"})
     _all_pass(run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed), aimed)
+
+
+def test_delta_checks_pass_against_the_unbroken_server(base_node, tmp_path, monkeypatch):
+    aimed = ["rpc.get_info.contract", "rpc.get_info.public_fields_only", "upload.delta.lora_adapter",
+             "upload.delta.tensor_shards", "upload.refuse.bad_adapter"]
+    _all_pass(run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed), aimed)
+
+
+def test_delta_checks_skip_on_a_server_that_does_not_advertise_them(base_node, tmp_path, monkeypatch):
+    aimed = ["upload.delta.lora_adapter", "upload.delta.tensor_shards", "upload.refuse.bad_adapter"]
+    results = run_checks(build(base_node, tmp_path, "without_delta_support", monkeypatch), aimed)
+    assert {i: r.result for i, r in results.items()} == {
+        "upload.delta.lora_adapter": "SKIP", "upload.delta.tensor_shards": "SKIP", "upload.refuse.bad_adapter": "PASS"}
+    assert "does not advertise" in results["upload.delta.tensor_shards"].detail
+    assert "adapters not advertised" in results["upload.refuse.bad_adapter"].detail
 
 
 def test_launched_checks_skip_without_launch_cmd(base_node, tmp_path, monkeypatch):

@@ -34,3 +34,9 @@ def fake_worker(conn, spec) -> None:
 def wrong_size_worker(conn, spec) -> None:
     conn.send(("ready", {"heldout_size": 7, "test_size": 20}))
     conn.recv()
+
+
+def slow_start_worker(conn, spec) -> None:
+    """A worker still importing its libraries (torch takes seconds): ready only after a minute."""
+    time.sleep(60)
+    conn.send(("ready", {"heldout_size": 120, "test_size": 20}))

@@ -66,3 +66,36 @@ def test_worker_seeing_other_data_is_refused():
         assert caught.value.code == grpc.StatusCode.INTERNAL and "changed" in caught.value.message
     finally:
         scorer.close()
+
+
+def test_shutdown_does_not_wait_for_a_worker_still_starting():
+    """The node warms its worker after SERVING (seconds of imports); a SIGTERM meanwhile ends
+    that start at once instead of waiting for it (issue 14: prompt shutdown)."""
+    import threading
+    import time
+
+    from tests.target_owner_node.fake_worker import slow_start_worker
+
+    scorer = WorkerScorer(SPEC, timeout_s=5.0, expected_sizes=SIZES, target=slow_start_worker)
+    outcome = []
+
+    def warm():
+        try:
+            scorer.start()
+            outcome.append("started")
+        except ProtocolError as error:
+            outcome.append(error.code)
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while scorer._starting is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scorer._starting is not None, "the worker start never began"
+    started = time.perf_counter()
+    scorer.close()
+    thread.join(timeout=10)
+    assert time.perf_counter() - started < 3.0
+    assert outcome == [grpc.StatusCode.UNAVAILABLE] and scorer._process is None
+    scorer.start()  # after close a warm-up starts nothing
+    assert scorer._process is None

@@ -22,7 +22,8 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 
 def test_the_tools_are_the_ones_documented():
-    assert TOOLS == ["bench_engine.py", "bench_grpo_cpu.py", "bench_owner.py", "gen_protos.py", "summarize_runs.py"]
+    assert TOOLS == ["bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py", "gen_protos.py",
+                     "summarize_runs.py"]
 
 
 @pytest.mark.parametrize("name", TOOLS)

@@ -134,3 +134,34 @@ def test_upload_refuses_disallowed_files(serve, tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(FeedbackError, match="not an allowed checkpoint file"):
         client.upload(tmp_path)
+
+
+def test_hand_serialized_chunks_are_the_generated_bytes():
+    import os
+
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from trainer_node.feedback.client import chunk_message
+
+    for offset in (0, 5, 1 << 40):
+        for size in (0, 1, 127, 128, 1 << 20):
+            data = os.urandom(size)
+            expected = pb.UploadCheckpointRequest(
+                chunk=pb.FileChunk(name="model-00001-of-00050.safetensors", offset=offset, data=data)
+            ).SerializeToString()
+            assert chunk_message("model-00001-of-00050.safetensors", offset, data) == expected
+
+
+def test_given_digests_are_used_and_a_same_tick_rewrite_is_hashed_again(serve, tmp_path):
+    import hashlib
+
+    servicer = ScriptedServicer(grpc.StatusCode.OK, "", failures=0)
+    client, _ = serve(servicer)
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights-v1")
+    given = {"model.safetensors": hashlib.sha256(b"weights-v1").hexdigest()}
+    client.upload(tmp_path, given)
+    weights.write_bytes(b"weights-v2")  # same inode, same size, maybe the same mtime tick
+    client.upload(tmp_path)
+    assert servicer.uploads[1] == {"model.safetensors"}, "a rewrite must never be taken for the file hashed before"
+    assert client.last_upload_bytes >= 0

@@ -62,6 +62,41 @@ def test_lookahead_leaves_live_state_alone_and_predicts_the_real_update(model_di
     assert max(float((ones[k] - real[k]).abs().max()) for k in real) < 1e-6
 
 
+def test_lookahead_on_kept_rows_equals_the_zero_weighted_full_batch(model_dir):
+    # A one-cluster candidate runs forward/backward on that cluster's rows only, with the whole
+    # batch's normalisers: the same step as the full batch with the other groups weighted 0.
+    trainer = make_trainer(model_dir, make_settings(adam_eps=1e-4, grad_accum_steps=2))
+    trainer.train_step()
+    groups = trainer.sample_and_rollout(1).groups
+    one_hot = [1.0 if i % 2 == 0 else 0.0 for i in range(len(groups))]
+    (split,) = trainer.lookahead_state_dicts(groups, [one_hot])
+
+    base = trainer.build_batch(groups).with_normalisers()
+    weighted = base.__class__(**{**base.__dict__, "sample_weights": torch.tensor(one_hot)[base.group_ids]})
+    named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    from trainer_node.grpo.lookahead import LookaheadHyper, clip_gradients, stepped_state_dict
+
+    grads = clip_gradients(trainer._gradients(weighted, [p for _, p in named]), trainer.settings.max_grad_norm)
+    s = trainer.settings
+    full = stepped_state_dict(trainer.model, {n: g for (n, _), g in zip(named, grads)}, trainer.optimizer,
+                              trainer.lookahead_step, LookaheadHyper(s.lr, s.betas, s.adam_eps, s.weight_decay))
+    assert max(float((split[k] - full[k]).abs().max()) for k in full) < 1e-6
+    (nothing,) = trainer.lookahead_state_dicts(groups, [[0.0] * len(groups)])  # no rows: a zero-gradient step
+    assert set(nothing) == set(full)
+
+
+def test_step_records_time_per_phase(model_dir):
+    from trainer_node.grpo.timing import PHASES
+
+    trainer = make_trainer(model_dir)
+    record = trainer.train_step()
+    times = {name: record[f"time/{name}"] for name in PHASES}
+    assert all(value >= 0 for value in times.values())
+    assert times["generation"] > 0 and times["update"] > 0 and times["reward"] > 0
+    assert times["candidates"] == times["upload"] == times["owner_wait"] == 0.0  # no feedback
+    assert sum(times.values()) == pytest.approx(record["step_seconds"], rel=0.05, abs=5e-3)
+
+
 def test_sgd_lookahead_steps_against_the_gradient(model_dir):
     trainer = make_trainer(model_dir, make_settings(lookahead="sgd", lookahead_lr=0.5))
     groups = trainer.sample_and_rollout(0).groups

@@ -126,3 +126,53 @@ def test_full_step_trains_on_informative_groups_only():
     policy = greso(pool, batch_size=8, n=8)
     record = run_step(policy, 0, FakeOracle(pool, seed=9))
     assert all(not g.zero_variance for g in record.batch) and len(record.batch) <= 8
+
+
+def _reference_walk(policy, size: int, exclude: set[int], rng: np.random.Generator) -> list[int]:
+    """The O(pool) reference: a full uniform permutation of the eligible prompts, walked in order."""
+    eligible = np.setdiff1d(np.arange(len(policy.pool)), np.fromiter(exclude, dtype=np.int64))
+    order = rng.permutation(eligible)
+    keep = rng.random(len(order)) >= policy.skip_probabilities(order)
+    return [int(i) for i, k in zip(order, keep) if k][:size]
+
+
+@pytest.mark.parametrize("per_cluster", [100, 6])  # 400 prompts: lazy chunks; 24: the permutation fallback
+def test_lazy_walk_keeps_the_distribution_of_the_full_permutation(per_cluster):
+    pool = make_pool(per_cluster=per_cluster)
+    policy = greso(pool, batch_size=4)
+    easy = np.arange(0, len(pool), 2)  # every other prompt: easy three times, skipped w.p. 1 - 0.5^3
+    for _ in range(3):
+        policy.observe(0, [group(pool, int(i), [1, 1, 1, 1]) for i in easy])
+    policy.p_easy = 0.5
+    exclude = {1, 3}
+    size, draws = 5, 4000
+    fast_counts, slow_counts = np.zeros(len(pool)), np.zeros(len(pool))
+    fast_first, slow_first = np.zeros(len(pool)), np.zeros(len(pool))
+    slow_rng = np.random.default_rng(99)
+    for _ in range(draws):
+        policy._skipped = set()
+        fast = policy._draw_unskipped(size, set(exclude))
+        slow = _reference_walk(policy, size, exclude, slow_rng)
+        assert len(fast) == len(set(fast)) == size and not set(fast) & exclude
+        fast_counts[fast] += 1
+        slow_counts[slow] += 1
+        fast_first[fast[0]] += 1
+        slow_first[slow[0]] += 1
+    is_easy = np.zeros(len(pool), dtype=bool)
+    is_easy[easy] = True
+    for fast_c, slow_c, total in ((fast_counts, slow_counts, size * draws), (fast_first, slow_first, draws)):
+        for mask in (is_easy, ~is_easy):  # share of picks that went to easy (often skipped) prompts
+            p_fast, p_slow = fast_c[mask].sum() / total, slow_c[mask].sum() / total
+            sd = np.sqrt(2 * p_slow * (1 - p_slow) / total)
+            assert abs(p_fast - p_slow) <= 5 * sd
+        per_prompt = (fast_c + slow_c) / (2 * total)
+        sd = np.sqrt(2 * per_prompt * (1 - per_prompt) / total)
+        assert np.all(np.abs(fast_c - slow_c) / total <= 5 * sd + 1e-12)
+
+
+def test_walk_records_skipped_prompts_and_stops_when_the_pool_runs_out():
+    pool = make_pool(per_cluster=3)  # 12 prompts
+    policy = greso(pool, batch_size=4)
+    chosen = policy._draw_unskipped(50, {0, 1})
+    assert sorted(chosen) == list(range(2, 12))  # nothing is skipped without history
+    assert policy._skipped == set()

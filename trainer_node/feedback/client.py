@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -97,6 +98,36 @@ class ClientSettings:
     backoff_max_s: float = 8.0
 
 
+UPLOAD_METHOD = "/target_feedback.v1.TargetFeedbackService/UploadCheckpoint"
+RACY_MARGIN_NS = 100_000_000  # file timestamps can be as coarse as a clock tick; 0.1 s is ample
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def chunk_message(name: str, offset: int, data: bytes) -> bytes:
+    """UploadCheckpointRequest{chunk: FileChunk{name, offset, data}}, serialized by hand (fields
+    2 chunk, 1 name, 2 offset, 3 data of the protobuf wire format, zero values omitted as proto3
+    does): the bytes the generated classes write, with `data` copied once instead of into a
+    message object and again by its serializer (tests/trainer_node/test_feedback_client.py)."""
+    encoded = name.encode("utf-8")
+    inner = b"".join((
+        b"\x0a", _varint(len(encoded)), encoded,
+        (b"\x10" + _varint(offset)) if offset else b"",
+        (b"\x1a" + _varint(len(data))) if data else b"",
+    ))
+    return b"".join((b"\x12", _varint(len(inner) + len(data)), inner, data))
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -113,9 +144,16 @@ class TargetFeedbackClient:
         self._sleep = sleep
         self._channel = self._open_channel(settings)
         self._stub = pb_grpc.TargetFeedbackServiceStub(self._channel)
+        # UploadCheckpoint with pre-serialized requests (see _upload_once); same method, same wire.
+        self._upload_call = self._channel.stream_unary(
+            UPLOAD_METHOD,
+            request_serializer=bytes,
+            response_deserializer=pb.UploadCheckpointResponse.FromString,
+        )
+        self.last_upload_bytes = 0
         # sha256 of files the owner is known to hold: they are not resent (content addressing).
         self._owner_holds: set[str] = set()
-        self._digest_cache: dict[tuple[str, int, float], str] = {}
+        self._digest_cache: dict[tuple[int, int, int, int], tuple[str, int]] = {}  # identity -> (sha, hashed at)
 
     @staticmethod
     def _open_channel(s: ClientSettings) -> grpc.Channel:
@@ -172,13 +210,16 @@ class TargetFeedbackClient:
             "Evaluate", lambda: self._stub.Evaluate(request, timeout=self.settings.evaluate_deadline_s)
         )
 
-    def upload(self, model_dir: Path) -> str:
+    def upload(self, model_dir: Path, digests: Mapping[str, str] | None = None) -> str:
         """Upload a checkpoint directory; returns the owner's checkpoint id.
 
         Files whose sha256 the owner already holds are listed in the manifest but not
         resent. If the owner lost them (MISSING_FILE_DATA), the upload is repeated in full.
+        `digests` (file name -> sha256 hex), when the caller computed them while writing the
+        files (trainer_node/feedback/candidates.py), are used as given instead of reading the
+        files back to hash them. `last_upload_bytes` is what this upload sent.
         """
-        files = self._manifest(Path(model_dir))
+        files = self._manifest(Path(model_dir), digests or {})
         try:
             response = self._upload_once(Path(model_dir), files, skip=self._owner_holds)
         except FeedbackError as err:
@@ -187,11 +228,12 @@ class TargetFeedbackClient:
             self._owner_holds.clear()
             response = self._upload_once(Path(model_dir), files, skip=set())
         self._owner_holds.update(entry.sha256 for entry in files)
+        self.last_upload_bytes = int(response.bytes_received)
         return response.checkpoint_id
 
     # --- internals ----------------------------------------------------------------------
 
-    def _manifest(self, model_dir: Path) -> list[pb.FileEntry]:
+    def _manifest(self, model_dir: Path, digests: Mapping[str, str]) -> list[pb.FileEntry]:
         entries = []
         for path in sorted(model_dir.iterdir()):
             if not path.is_file():
@@ -199,29 +241,44 @@ class TargetFeedbackClient:
             if not is_allowed_file_name(path.name):
                 raise FeedbackError(f"{path}: not an allowed checkpoint file; only safetensors and config JSON are sent")
             stat = path.stat()
-            key = (str(path), stat.st_size, stat.st_mtime)
-            if key not in self._digest_cache:
-                self._digest_cache[key] = sha256_file(path)
-            entries.append(pb.FileEntry(name=path.name, size=stat.st_size, sha256=self._digest_cache[key]))
+            digest = digests.get(path.name) or self._file_digest(path, stat)
+            entries.append(pb.FileEntry(name=path.name, size=stat.st_size, sha256=digest))
         if not entries:
             raise FeedbackError(f"{model_dir}: no checkpoint files to upload")
         return entries
 
+    def _file_digest(self, path: Path, stat: os.stat_result) -> str:
+        """sha256 of a file, cached by the file's identity (a hard link to a file hashed before
+        hits the cache). As in git's "racy" rule, an entry is trusted only when the file's mtime is
+        clearly older than the hashing: a rewrite within the same clock tick is hashed again."""
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        cached = self._digest_cache.get(key)
+        if cached is not None and cached[1] - stat.st_mtime_ns > RACY_MARGIN_NS:
+            return cached[0]
+        hashed_at = time.time_ns()
+        digest = sha256_file(path)
+        self._digest_cache[key] = (digest, hashed_at)
+        return digest
+
     def _upload_once(self, model_dir: Path, files: list[pb.FileEntry], skip: set[str]) -> pb.UploadCheckpointResponse:
-        def requests() -> Iterator[pb.UploadCheckpointRequest]:
-            yield pb.UploadCheckpointRequest(manifest=pb.CheckpointManifest(files=files))
+        chunk_bytes = MAX_CHUNK_BYTES
+
+        def requests() -> Iterator[bytes]:
+            # Pre-serialized messages (chunk_message): the data is copied once into the message
+            # instead of into a protobuf object and again by its serializer.
+            yield pb.UploadCheckpointRequest(manifest=pb.CheckpointManifest(files=files)).SerializeToString()
             for entry in files:
                 if entry.sha256 in skip:
                     continue
-                with open(model_dir / entry.name, "rb") as fh:
+                with open(model_dir / entry.name, "rb", buffering=0) as fh:
                     offset = 0
-                    while block := fh.read(MAX_CHUNK_BYTES):
-                        yield pb.UploadCheckpointRequest(chunk=pb.FileChunk(name=entry.name, offset=offset, data=block))
+                    while block := fh.read(chunk_bytes):
+                        yield chunk_message(entry.name, offset, block)
                         offset += len(block)
 
         return self._with_retries(
             "UploadCheckpoint",
-            lambda: self._stub.UploadCheckpoint(requests(), timeout=self.settings.upload_deadline_s),
+            lambda: self._upload_call(requests(), timeout=self.settings.upload_deadline_s),
         )
 
     def _unary(self, name: str, call: Callable[[], T]) -> T:

@@ -1,40 +1,54 @@
 """OwnerFeedback: the FeedbackContext a data policy uses to learn from a remote target owner.
 
-It turns lookahead parameter sets into checkpoint directories, uploads them (only changed
-files travel), asks for ONE multi-candidate release on the owner's secret subsample, and
-paces queries so the privacy budget lasts the run. When the owner is unreachable or the
-budget is spent it returns None: training goes on with the policy's last state, and the
-log says so. `connect_owner_feedback` is the one place an OwnerFeedback is built.
+It turns lookahead parameter sets into checkpoint folders (trainer_node/feedback/candidates.py:
+one shard per tensor, so only changed tensors travel), uploads them, asks for ONE
+multi-candidate release on the owner's secret subsample, and paces queries so the privacy
+budget lasts the run. When the owner is unreachable or the budget is spent the release is
+None: training goes on with the policy's last state, and the log says so.
+
+Two ways to ask (the policy picks, L2RR by its `max_staleness` option):
+- `evaluate(candidates)`: synchronous; the step waits for the release.
+- `submit(candidates)`: asynchronous; the base model is snapshotted and the candidates are
+  handed to one background thread that writes, uploads and waits for the owner, while training
+  goes on. The returned PendingRelease says when the release is in; `result()` then applies
+  its bookkeeping (pacer, statistics) on the training thread. One query is in flight at a
+  time, its request id makes a retry free, and a failed query completes at once with None.
+`connect_owner_feedback` is the one place an OwnerFeedback is built.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import logging
-import shutil
+import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
-from rlvr_core.models.loading import save_policy
 from trainer_node.feedback.client import BudgetExhausted, FeedbackError
 from trainer_node.feedback.pacing import BudgetPacer
 
 log = logging.getLogger("trainer_node.feedback")
+_BACKGROUND = threading.local()  # .active on the background query thread (no phase clock there)
 
 
 class OwnerClient(Protocol):
     """What the feedback pieces ask of a transport to the owner. TargetFeedbackClient (gRPC +
     mTLS) is one; another transport (e.g. Flower) plugs in under the same five calls, raising
-    trainer_node.feedback.client's FeedbackError / BudgetExhausted as that client does."""
+    trainer_node.feedback.client's FeedbackError / BudgetExhausted as that client does.
+
+    `upload` may be given the files' sha256 digests (known to the writer), so it need not read
+    them back to hash them; a transport may ignore them."""
 
     def info(self) -> pb.GetInfoResponse: ...
 
     def budget(self) -> pb.GetBudgetResponse: ...
 
-    def upload(self, model_dir: Path) -> str: ...
+    def upload(self, model_dir: Path, digests: dict[str, str] | None = None) -> str: ...
 
     def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
                  split: int = pb.SPLIT_FEEDBACK) -> pb.EvaluateResponse: ...
@@ -50,7 +64,41 @@ class FeedbackStats:
     epsilon_spent: float = 0.0
     epsilon_remaining: float = 0.0
     last_noise_std: float = 0.0
+    uploaded_bytes: int = 0
+    """Bytes the owner did not hold and that were sent (manifest-only files excluded)."""
+    background_candidates_s: float = 0.0
+    """Asynchronous queries: seconds the background thread spent building lookahead candidates."""
+    background_upload_s: float = 0.0
+    """Asynchronous queries: seconds the background thread spent writing and uploading."""
+    background_owner_s: float = 0.0
+    """Asynchronous queries: seconds the background thread waited for the owner's release."""
     log: list[dict[str, Any]] = field(default_factory=list)
+
+
+class PendingRelease:
+    """An asynchronous query: `ready()` once the owner answered (or the query failed)."""
+
+    def __init__(self, feedback: OwnerFeedback, future: Future, step: int, candidates: int):
+        self._feedback = feedback
+        self._future = future
+        self.step = step
+        self.candidates = candidates
+        self._done = False
+        self._value: list[float] | None = None
+
+    def ready(self) -> bool:
+        return self._done or self._future.done()
+
+    def result(self) -> list[float] | None:
+        """The released accuracies [base, *candidates] (None: nothing released). Blocks until the
+        release is in; the wait is the step's `owner_wait` time."""
+        if not self._done:
+            with self._feedback._phase("owner_wait"):
+                outcome = self._future.result()
+            self._value = self._feedback._settle(self.step, outcome)
+            self._done = True
+            self._feedback._outstanding = None
+        return self._value
 
 
 class OwnerFeedback:
@@ -72,14 +120,17 @@ class OwnerFeedback:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stats = FeedbackStats()
         self.stop_reason = ""  # why queries stopped for good (OwnerFeedbackHook reports it)
-        self._scratch = None
+        self._writer = None
         self._step = 0
+        self._upload_lock = threading.Lock()  # the writer and the uploads: training thread + background
+        self._executor: ThreadPoolExecutor | None = None
+        self._outstanding: PendingRelease | None = None
 
     # --- FeedbackContext ----------------------------------------------------------------
 
     def should_query(self, step: int) -> bool:
         self._step = step
-        return self.pacer.should_query(step)
+        return self._outstanding is None and self.pacer.should_query(step)
 
     def candidates(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> list[Any]:
         return self.trainer.lookahead_state_dicts(batch, weights)
@@ -91,36 +142,151 @@ class OwnerFeedback:
         return accuracies[0] if accuracies else None
 
     def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
-        """One release comparing the live model (first) with candidate parameter sets."""
+        """One release comparing the live model (first) with candidate parameter sets; waits for it."""
         try:
-            ids = [self.upload_state(self.trainer.current_state_dict(), "base")]
-            ids += [self.upload_state(state, f"cand{i}") for i, state in enumerate(candidates)]
+            ids = self._upload_all([self.trainer.current_state_dict(), *candidates])
         except FeedbackError as err:
             self.stats.failures += 1
             log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
             return None
         return self.release_checkpoints(ids)
 
+    def submit(self, candidates: Sequence[Any]) -> PendingRelease:
+        """`evaluate`, in the background: training goes on while the owner scores (module docstring)."""
+        states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
+        return self._start(lambda: states, len(states))
+
+    def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> PendingRelease:
+        """`submit`, with the lookahead candidates also built in the background, from a snapshot of
+        the model and optimizer taken now (GRPOTrainer.lookahead_snapshot)."""
+        snapshot = self.trainer.lookahead_snapshot()
+        batch, weights = list(batch), [list(w) for w in weights]
+
+        def states() -> list[dict[str, Any]]:
+            started = time.perf_counter()
+            try:
+                return [snapshot.base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
+            finally:
+                self.stats.background_candidates_s += time.perf_counter() - started
+
+        return self._start(states, len(weights) + 1)
+
+    def _start(self, states: Any, count: int) -> PendingRelease:
+        if self._outstanding is not None:
+            raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
+        with self._upload_lock:
+            self._writer_for()  # built here, from the model as it is, not while the next step trains
+        step, decoding = self._step, self._query_decoding(self._step)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-feedback")
+        future = self._executor.submit(self._background_query, states, decoding)
+        self._outstanding = PendingRelease(self, future, step, count)
+        return self._outstanding
+
     def release_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[float] | None:
         """One (DP) release of the feedback-split accuracy of uploaded checkpoints, or None."""
         ids = list(checkpoint_ids)
         try:
-            decoding = pb.DecodingSettings()
-            decoding.CopyFrom(self.decoding)
-            decoding.seed = self.decoding.seed + self._step  # fresh seed per query, shared by candidates
-            response = self.client.evaluate(ids, decoding, split=pb.SPLIT_FEEDBACK)
-        except BudgetExhausted as err:
-            self.pacer.mark_exhausted()
-            self.stop_reason = f"the owner refused a release: {err.reason or 'RESOURCE_EXHAUSTED'}"
-            self.stats.failures += 1
-            log.warning("target owner budget exhausted; keeping the last sampler state (%s)", err.reason)
-            return None
+            with self._phase("owner_wait"):
+                response = self.client.evaluate(ids, self._query_decoding(self._step), split=pb.SPLIT_FEEDBACK)
         except FeedbackError as err:
+            return self._settle(self._step, err)
+        return self._settle(self._step, (ids, response))
+
+    def drain(self) -> None:
+        """Wait for a query still in flight and book its release (the run's end)."""
+        if self._outstanding is not None:
+            self._outstanding.result()
+
+    def close(self) -> None:
+        self.drain()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def upload_state(self, state_dict: dict[str, Any], label: str) -> str:
+        """Write parameters as an allowlisted checkpoint folder and upload it; returns its id."""
+        with self._upload_lock, self._phase("upload"):
+            return self._write_and_upload(state_dict, label)
+
+    def upload_current(self, label: str = "current") -> str:
+        return self.upload_state(self.trainer.current_state_dict(), label)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _phase(self, name: str):
+        """The trainer's phase clock on the training thread; nothing on the background thread."""
+        clock = getattr(self.trainer, "clock", None)
+        if clock is None or getattr(_BACKGROUND, "active", False):
+            return contextlib.nullcontext()
+        return clock.phase(name)
+
+    def _query_decoding(self, step: int) -> pb.DecodingSettings:
+        decoding = pb.DecodingSettings()
+        decoding.CopyFrom(self.decoding)
+        decoding.seed = self.decoding.seed + step  # fresh seed per query, shared by candidates
+        return decoding
+
+    def _upload_all(self, states: Sequence[dict[str, Any]]) -> list[str]:
+        labels = ["base"] + [f"cand{i}" for i in range(len(states) - 1)]
+        with self._upload_lock, self._phase("upload"):
+            ids = [self._write_and_upload(state, label) for state, label in zip(states, labels)]
+            self._writer_for().prune_blobs(keep=set())  # the owner holds them now
+        return ids
+
+    def _writer_for(self):
+        if self._writer is None:
+            from trainer_node.feedback.candidates import CandidateWriter
+
+            self._writer = CandidateWriter(self.trainer.model, self.trainer.tokenizer, self.workdir)
+        return self._writer
+
+    def _write_and_upload(self, state: dict[str, Any], label: str) -> str:
+        writer = self._writer_for()
+        written = writer.write(state, label)
+        try:
+            checkpoint_id = self.client.upload(written.directory, written.digests)
+            self.stats.uploaded_bytes += int(getattr(self.client, "last_upload_bytes", 0))
+        finally:
+            writer.discard(written)
+        return checkpoint_id
+
+    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings):
+        """On the background thread: (ids, response), or the FeedbackError that ended the query."""
+        _BACKGROUND.active = True
+        states = make_states()
+        started = time.perf_counter()
+        try:
+            ids = self._upload_all(states)
+        except FeedbackError as err:
+            return err
+        finally:
+            self.stats.background_upload_s += time.perf_counter() - started
+        started = time.perf_counter()
+        try:
+            return ids, self.client.evaluate(ids, decoding, split=pb.SPLIT_FEEDBACK)
+        except FeedbackError as err:
+            return err
+        finally:
+            self.stats.background_owner_s += time.perf_counter() - started
+
+    def _settle(self, step: int, outcome: Any) -> list[float] | None:
+        """Book a query's outcome on the training thread: pacer, statistics, the accuracies."""
+        if isinstance(outcome, BudgetExhausted):
+            self.pacer.mark_exhausted()
+            self.stop_reason = f"the owner refused a release: {outcome.reason or 'RESOURCE_EXHAUSTED'}"
             self.stats.failures += 1
-            log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
+            log.warning("target owner budget exhausted; keeping the last sampler state (%s)", outcome.reason)
             return None
+        if isinstance(outcome, FeedbackError):
+            self.stats.failures += 1
+            log.warning("target owner unreachable; training goes on with the last sampler state (%s)", outcome)
+            return None
+        ids, response = outcome
         privacy = response.privacy
-        self.pacer.record(self._step, privacy.epsilon_this_release, privacy.epsilon_remaining)
+        self.pacer.record(step, privacy.epsilon_this_release, privacy.epsilon_remaining)
         self.stats.queries += 1
         self.stats.candidates_evaluated += len(ids)
         self.stats.epsilon_spent = privacy.epsilon_spent_total
@@ -129,7 +295,7 @@ class OwnerFeedback:
         accuracies = [result.accuracy for result in response.results]
         self.stats.log.append(
             {
-                "step": self._step,
+                "step": step,
                 "candidates": len(ids),
                 "accuracies": accuracies,
                 "epsilon_this_release": privacy.epsilon_this_release,
@@ -137,22 +303,6 @@ class OwnerFeedback:
             }
         )
         return accuracies
-
-    # --- checkpoints --------------------------------------------------------------------
-
-    def upload_state(self, state_dict: dict[str, Any], label: str) -> str:
-        """Write parameters as an allowlisted checkpoint dir and upload it; returns its id."""
-        if self._scratch is None:
-            self._scratch = copy.deepcopy(self.trainer.model)
-        self._scratch.load_state_dict(state_dict)
-        out = self.workdir / label
-        if out.exists():
-            shutil.rmtree(out)
-        save_policy(self._scratch, self.trainer.tokenizer, out)
-        return self.client.upload(out)
-
-    def upload_current(self, label: str = "current") -> str:
-        return self.upload_state(self.trainer.current_state_dict(), label)
 
 
 # --- wiring -------------------------------------------------------------------------------

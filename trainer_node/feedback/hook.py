@@ -62,6 +62,9 @@ class OwnerFeedbackHook:
 
     def finish(self, step: int) -> FeedbackOutcome:
         outcome = FeedbackOutcome()
+        drain = getattr(self.feedback, "drain", None)
+        if drain is not None:
+            drain()  # an asynchronous query still in flight is booked before the end's releases
         if self.final_release:
             accuracy = self.feedback.release_current(step)
             if accuracy is not None:

@@ -22,7 +22,7 @@ and select it with `grpo.lookahead = "mine"` (a plug-in: entry point `target_fee
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -84,11 +84,15 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> list[torch.Ten
 def stepped_state_dict(
     model: torch.nn.Module,
     grads: dict[str, torch.Tensor],
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Mapping[str, dict],
     step_fn: StepRule,
     hyper: LookaheadHyper,
 ) -> dict[str, torch.Tensor]:
-    """The model's full state dict after one `step_fn` step with `grads`; tied tensors stay tied by value."""
+    """The model's full state dict after one `step_fn` step with `grads`; tied tensors stay tied by value.
+
+    Tensors the step does not touch (frozen weights, buffers) are the live ones, not copies: a
+    LoRA model's base is then neither copied per candidate nor serialized again by the writer.
+    `optimizer` is the live optimizer, or its per-parameter state by parameter name (a snapshot)."""
     updated: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -97,8 +101,9 @@ def stepped_state_dict(
             grad = grads.get(name)
             if grad is None:
                 grad = torch.zeros_like(param)
-            updated[id(param)] = step_fn(param.detach(), grad, hyper, optimizer.state.get(param, {}))
+            state = optimizer.get(name, {}) if isinstance(optimizer, Mapping) else optimizer.state.get(param, {})
+            updated[id(param)] = step_fn(param.detach(), grad, hyper, state)
         out: dict[str, torch.Tensor] = {}
         for key, tensor in model.state_dict(keep_vars=True).items():
-            out[key] = updated[id(tensor)].clone() if id(tensor) in updated else tensor.detach().clone()
+            out[key] = updated[id(tensor)].clone() if id(tensor) in updated else tensor.detach()
     return out

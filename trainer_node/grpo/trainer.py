@@ -17,7 +17,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from trainer_node.grpo.lookahead import (
 from trainer_node.grpo.losses import get_loss
 from trainer_node.grpo.rollout import GraderFn, RenderFn, RewardFn, rollout_groups
 from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.grpo.timing import PhaseClock
 from trainer_node.grpo.update_seam import UpdateSeams, nothing_kept, seam_metrics
 from trainer_node.policies.base import (
     DataPolicy,
@@ -50,6 +51,18 @@ log = logging.getLogger("trainer_node.grpo")
 
 StepCallback = Callable[[int, dict[str, Any]], None]
 MAX_ROUNDS_PER_STEP = 1000  # a policy that never returns [] is a bug; fail loudly
+
+
+@dataclass(frozen=True)
+class LookaheadSnapshot:
+    """The live run at one moment, copied: what a lookahead needs (GRPOTrainer.lookahead_snapshot)."""
+
+    trainable: dict[str, torch.Tensor]
+    """Each trainable parameter, by name."""
+    optimizer_state: dict[str, dict]
+    """Each trainable parameter's optimizer state (tensors copied), by name."""
+    base: dict[str, torch.Tensor]
+    """current_state_dict(): the base model of the query."""
 
 
 class GRPOTrainer:
@@ -104,22 +117,31 @@ class GRPOTrainer:
         )
         self.rollouts_cumulative = 0
         self.step_index = 0  # steps completed; the next step to run
+        self.clock = PhaseClock()  # per-phase seconds of each step (grpo/timing.py)
+        self._scratch: torch.nn.Module | None = None  # the lookahead's private model copy (snapshots)
 
     # ----------------------------------------------------------------- the step
     def train_step(self) -> dict[str, Any]:
         """Run one GRPO step and return its metrics record."""
         step = self.step_index
         started = time.perf_counter()
+        clock = self.clock
+        clock.take()  # time between steps belongs to the caller (the loop's hooks time themselves)
 
-        so_far = self.sample_and_rollout(step)                       # sample -> rollout -> reward
-        batch = self.policy.training_groups(step, so_far)            # select
-        self.policy.observe(step, so_far.groups)
-        self.policy.before_update(step, batch, self.feedback)
-        update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
+        with clock.phase("sampling"):
+            so_far = self.sample_and_rollout(step)                   # sample -> rollout -> reward
+            batch = self.policy.training_groups(step, so_far)        # select
+            self.policy.observe(step, so_far.groups)
+            self.policy.before_update(step, batch, self.feedback)    # feedback phases nest in here
+        with clock.phase("update"):
+            update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
 
         self.rollouts_cumulative += so_far.rollouts_generated
         self.step_index += 1
-        record = self._record(step, so_far, batch, update_metrics, time.perf_counter() - started)
+        with clock.phase("other"):
+            record = self._record(step, so_far, batch, update_metrics, 0.0)
+        record.update(clock.take())
+        record["step_seconds"] = time.perf_counter() - started
         if self.on_step_end is not None:
             self.on_step_end(step, record)
         return record
@@ -135,52 +157,77 @@ class GRPOTrainer:
 
     def rollout(self, step: int, round_index: int, requests: Sequence[RolloutRequest]) -> list[Group]:
         """Generate and score one round of requests (see grpo/rollout.py)."""
+        clock = self.clock
+
+        def timed_reward(text: str, example: Any) -> float:
+            with clock.phase("reward"):
+                return self.reward_fn(text, example)
+
+        timed_grader = None
+        if self.grader is not None:
+            grader = self.grader
+
+            def timed_grader(text: str, example: Any, key: Any, draws: int) -> tuple[float, ...]:
+                with clock.phase("reward"):
+                    return grader(text, example, key, draws)
+
+        with clock.phase("generation"):
+            return self._rollout(step, round_index, requests, timed_reward, timed_grader)
+
+    def _rollout(self, step: int, round_index: int, requests: Sequence[RolloutRequest], reward_fn: RewardFn,
+                 grader: GraderFn | None = None):
         s = self.settings
         return rollout_groups(
             requests,
             pool=self.pool,
             engine=self.engine,
             render=self.render,
-            reward_fn=self.reward_fn,
+            reward_fn=reward_fn,
             params=self.sampling,
             run_seed=self.sampling.seed,
             step=step,
             round_index=round_index,
             overlong_buffer=s.overlong_buffer,
             overlong_penalty_factor=s.overlong_penalty_factor,
-            grader=self.grader,
+            grader=grader,
             draws=self.update_seams.grader_draws,
         )
 
     # ------------------------------------------------------- advantage -> loss
-    def build_batch(self, groups: Sequence[Group], group_weights: Sequence[float] | None = None) -> PolicyBatch:
+    def build_batch(
+        self, groups: Sequence[Group], group_weights: Sequence[float] | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> PolicyBatch:
         """Flatten groups, compute advantages, apply the update seams (selection mask, then
-        weights), collate (B, T) tensors, attach ref logprobs."""
+        weights), collate (B, T) tensors, attach ref logprobs. `model` is the policy that generated
+        the rollouts (default the live one; a lookahead off the training thread passes its copy)."""
         flat = flatten_groups(groups)
         advantages = compute_advantages(
             self.settings.advantage,
             AdvantageInput(rewards=flat.rewards, group_ids=flat.group_ids, eps=self.settings.adv_eps),
         )
         batch = collate(flat, advantages, self.pad_id, group_weights).to(self.device)
-        batch = self.update_seams.weigh(batch, flat.rewards, self._rollout_logprobs, flat.grader_scores,
-                                        self._response_features)
+        policy = model or self.model
+
+        def rollout_logprobs(rows: PolicyBatch) -> torch.Tensor:  # the policy that generated the rollouts
+            with torch.no_grad():
+                return token_logprobs(policy, rows, self.sampling.temperature)[0]
+
+        def response_features(rows: PolicyBatch) -> torch.Tensor:  # the update geometry (grpo/geometry.py)
+            return head_features(policy, rows, self.sampling.temperature)
+
+        batch = self.update_seams.weigh(batch, flat.rewards, rollout_logprobs, flat.grader_scores,
+                                        response_features)
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, batch, self.sampling.temperature)
             batch = replace(batch, ref_logprobs=ref)
         return batch
 
-    def _rollout_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
-        """Token log-probs of the policy that generated the rollouts (on-policy: the live model)."""
-        with torch.no_grad():
-            return token_logprobs(self.model, batch, self.sampling.temperature)[0]
-
-    def _response_features(self, batch: PolicyBatch) -> torch.Tensor:
-        """Per-response LM-head gradient features: the update geometry (grpo/geometry.py)."""
-        return head_features(self.model, batch, self.sampling.temperature)
-
-    def micro_batch_loss(self, micro: PolicyBatch, with_entropy: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs, entropy = token_logprobs(self.model, micro, self.sampling.temperature, with_entropy)
+    def micro_batch_loss(
+        self, micro: PolicyBatch, with_entropy: bool = False, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs, entropy = token_logprobs(model or self.model, micro, self.sampling.temperature, with_entropy)
         out = self.loss_fn(logprobs, micro, self.settings.loss_settings)
         metrics = dict(out.metrics)
         if entropy is not None:
@@ -237,8 +284,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------ lookahead (L2RR)
     def current_state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the live model's parameters and buffers."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The live model's parameters and buffers: a copy of everything training changes, the
+        live tensors themselves for what it never changes (frozen weights, buffers)."""
+        trained = {id(p) for p in self.model.parameters() if p.requires_grad}
+        return {
+            k: v.detach().clone() if id(v) in trained else v.detach()
+            for k, v in self.model.state_dict(keep_vars=True).items()
+        }
 
     def lookahead_state_dicts(
         self, batch: Sequence[Group], weights: Sequence[Sequence[float]]
@@ -248,34 +300,87 @@ class GRPOTrainer:
 
         The update mirrors a real step (same loss, grad clipping) with the lookahead optimizer
         grpo.lookahead (see grpo/lookahead.py for why AdamW-from-a-state-copy is the default).
+        Each candidate's forward and backward run on the rows its weights keep, with the whole
+        batch's normalisers: the gradient equals that of the zero-weighted full batch, and C
+        one-cluster candidates cost about one batch of backward work, not C.
         """
+        with self.clock.phase("candidates"):
+            return self._lookahead(self.model, self._live_optimizer_state(), batch, weights)
+
+    def lookahead_snapshot(self) -> LookaheadSnapshot:
+        """The live run's parameters and optimizer state as they are now, copied, for
+        `lookahead_from_snapshot` on another thread while training goes on (asynchronous feedback)."""
+        with self.clock.phase("candidates"):
+            if self._scratch is None:
+                self._scratch = copy.deepcopy(self.model)  # once; a run's later snapshots reuse it
+            trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {
+                n: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                    for k, v in self.optimizer.state.get(p, {}).items()}
+                for n, p in self.model.named_parameters() if p.requires_grad
+            }
+            return LookaheadSnapshot(trainable, state, self.current_state_dict())
+
+    def lookahead_from_snapshot(
+        self, snapshot: LookaheadSnapshot, batch: Sequence[Group], weights: Sequence[Sequence[float]]
+    ) -> list[dict[str, torch.Tensor]]:
+        """`lookahead_state_dicts` as of the snapshot, computed on a private copy of the model (safe
+        beside the training thread: nothing live is written, and the phase clock is not used)."""
+        scratch = self._scratch
+        with torch.no_grad():
+            for name, param in scratch.named_parameters():
+                if name in snapshot.trainable:
+                    param.copy_(snapshot.trainable[name])
+        out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
+        live = self.model.state_dict(keep_vars=True)
+        trained = set(snapshot.trainable)
+        for state in out:  # frozen tensors: the live ones (never modified), so the writer skips them
+            for name in state:
+                if name not in trained and name in live:
+                    state[name] = live[name].detach()
+        return out
+
+    def _live_optimizer_state(self) -> dict[str, dict]:
+        return {n: self.optimizer.state.get(p, {}) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _lookahead(
+        self, model: torch.nn.Module, optimizer_state: dict[str, dict], batch: Sequence[Group],
+        weights: Sequence[Sequence[float]],
+    ) -> list[dict[str, torch.Tensor]]:
         s = self.settings
         if not batch:
             raise ValueError("lookahead needs a non-empty batch")
-        base = self.build_batch(batch)
+        base = self.build_batch(batch, model=model).with_normalisers()  # (B, T); normalisers of the whole batch
         hyper = LookaheadHyper(
             lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
             betas=s.betas,
             eps=s.adam_eps,
             weight_decay=s.weight_decay,  # the rule decides whether it decays (SGD does not)
         )
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         results = []
         for vector in weights:
             if len(vector) != len(batch):
                 raise ValueError(f"lookahead weights have {len(vector)} entries for {len(batch)} groups")
-            weighted = replace(base, sample_weights=torch.tensor(list(vector), dtype=torch.float32, device=self.device)[base.group_ids])
-            grads = self._gradients(weighted, [p for _, p in named])
+            row_weights = torch.tensor(list(vector), dtype=torch.float32, device=self.device)[base.group_ids]  # (B,)
+            rows = torch.nonzero(row_weights != 0).flatten()
+            if len(rows) == 0:
+                grads = [torch.zeros_like(p) for _, p in named]
+            else:
+                kept = replace(base, sample_weights=row_weights).rows(rows)  # zero-weight rows add exactly 0
+                grads = self._gradients(kept, [p for _, p in named], model)
             clipped = clip_gradients(grads, s.max_grad_norm)
             by_name = {n: g for (n, _), g in zip(named, clipped)}
-            results.append(stepped_state_dict(self.model, by_name, self.optimizer, self.lookahead_step, hyper))
+            results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
         return results
 
-    def _gradients(self, batch: PolicyBatch, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _gradients(
+        self, batch: PolicyBatch, params: list[torch.Tensor], model: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
         """d loss / d params via autograd.grad, so the live .grad fields are never written."""
         totals = [torch.zeros_like(p) for p in params]
         for micro in batch.split(self.settings.grad_accum_steps):
-            loss, _ = self.micro_batch_loss(micro)
+            loss, _ = self.micro_batch_loss(micro, model=model)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             for total, grad in zip(totals, grads):
                 if grad is not None:

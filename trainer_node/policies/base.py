@@ -80,15 +80,19 @@ class Group:
     def rewards(self) -> np.ndarray:
         return np.array([r.reward for r in self.rollouts], dtype=np.float64)
 
+    # mean_reward and zero_variance are read for every group of every step (observe, filters):
+    # plain Python over the few rollouts, no array built per access.
     @property
     def mean_reward(self) -> float:
-        return float(self.rewards.mean()) if self.rollouts else 0.0
+        return sum(r.reward for r in self.rollouts) / len(self.rollouts) if self.rollouts else 0.0
 
     @property
     def zero_variance(self) -> bool:
         """True when every rollout got the same reward: the group carries no GRPO signal."""
-        rewards = self.rewards
-        return len(rewards) < 2 or bool(np.all(rewards == rewards[0]))
+        if len(self.rollouts) < 2:
+            return True
+        first = self.rollouts[0].reward
+        return all(r.reward == first for r in self.rollouts)
 
     @property
     def generated(self) -> int:
@@ -134,6 +138,41 @@ class FeedbackContext(Protocol):
     def evaluate(self, candidates: Sequence[Any]) -> list[float] | None: ...
 
     def should_query(self, step: int) -> bool: ...
+
+
+class PendingFeedback(Protocol):
+    """A query sent and not yet read: `ready()` once its release is in (or it failed);
+    `result()` waits for it and returns what `evaluate` would have ([base, *candidates] or None)."""
+
+    def ready(self) -> bool: ...
+
+    def result(self) -> list[float] | None: ...
+
+
+@dataclass(frozen=True)
+class AnsweredFeedback:
+    """A PendingFeedback whose release is already in (a context that answers synchronously)."""
+
+    accuracies: list[float] | None
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> list[float] | None:
+        return self.accuracies
+
+
+def send_query(
+    feedback: FeedbackContext, batch: Sequence[Group], weights: Sequence[Sequence[float]], asynchronous: bool
+) -> PendingFeedback:
+    """One query of lookahead candidates (one per weight vector). Asynchronous, when asked and the
+    context can (OwnerFeedback.submit_lookahead: candidates built, uploaded and scored off the
+    training thread); otherwise built and answered now. The caller reads the release from the
+    returned handle either way."""
+    submit = getattr(feedback, "submit_lookahead", None) if asynchronous else None
+    if submit is not None:
+        return submit(batch, weights)
+    return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights)))
 
 
 class DataPolicy(ABC):

@@ -189,21 +189,43 @@ class GresoPolicy(DataPolicy):
         return max(min(estimate, self.sampling_batch_size), self.min_sampling_batch_size)
 
     def _draw_unskipped(self, size: int, rolled_out: set[int]) -> list[int]:
-        """Walk a uniform permutation of fresh prompts, skipping each with its P_skip, until `size` kept."""
+        """Walk a uniform random order of fresh prompts, skipping each with its P_skip, until `size` kept.
+
+        The walk is drawn lazily: uniform indices in chunks, dropping repeats and excluded prompts,
+        which is exactly the prefix of a uniform permutation of the eligible prompts. Its cost is
+        the walk's length (about size / keep rate), not the pool's; only when the walk has seen a
+        large share of the pool does it finish with an explicit permutation of the rest."""
         exclude = rolled_out | self._skipped
-        eligible = np.arange(len(self.pool))
-        if exclude:
-            eligible = np.setdiff1d(eligible, np.fromiter(exclude, dtype=np.int64))
-        order = self.rng.permutation(eligible)
-        keep = self.rng.random(len(order)) >= self.skip_probabilities(order)
+        pool_size = len(self.pool)
         chosen: list[int] = []
-        for index, kept in zip(order.tolist(), keep.tolist()):
-            if len(chosen) == size:
+        walked: set[int] = set()
+
+        def visit(order: np.ndarray) -> bool:
+            keep = self.rng.random(len(order)) >= self.skip_probabilities(order)
+            for index, kept in zip(order.tolist(), keep.tolist()):
+                if len(chosen) == size:
+                    return True
+                walked.add(index)
+                if kept:
+                    chosen.append(index)
+                else:
+                    self._skipped.add(index)
+            return len(chosen) == size
+
+        exclude = {i for i in exclude if 0 <= i < pool_size}
+        while len(chosen) < size:
+            done = len(exclude) + len(walked)  # disjoint: an excluded prompt is never walked
+            if done >= pool_size:
                 break
-            if kept:
-                chosen.append(index)
-            else:
-                self._skipped.add(index)
+            if 4 * done > pool_size:  # repeats would dominate the chunks: permute what is left
+                seen = np.fromiter(exclude | walked, dtype=np.int64)
+                visit(self.rng.permutation(np.setdiff1d(np.arange(pool_size), seen)))
+                break
+            chunk = self.rng.integers(0, pool_size, size=max(2 * (size - len(chosen)), 64))
+            _, first = np.unique(chunk, return_index=True)
+            fresh = [i for i in chunk[np.sort(first)].tolist() if i not in exclude and i not in walked]
+            if fresh and visit(np.asarray(fresh, dtype=np.int64)):
+                break
         return chosen
 
     # --- after rollout --------------------------------------------------------------------
@@ -224,24 +246,22 @@ class GresoPolicy(DataPolicy):
 
     def observe(self, step: int, groups: Sequence[Group]) -> None:
         opts = self.options
-        easy = hard = 0
-        for group in groups:
-            mean = group.mean_reward
-            if mean >= opts.easy_threshold:
-                easy += 1
-                self.easy_streak[group.index] += 1
-                self.hard_streak[group.index] = 0
-            elif mean <= opts.hard_threshold:
-                hard += 1
-                self.hard_streak[group.index] += 1
-                self.easy_streak[group.index] = 0
-            else:
-                self.easy_streak[group.index] = 0
-                self.hard_streak[group.index] = 0
         if not groups:
             return
+        indices = np.fromiter((g.index for g in groups), dtype=np.int64, count=len(groups))
+        means = np.fromiter((g.mean_reward for g in groups), dtype=np.float64, count=len(groups))
+        is_easy = means >= opts.easy_threshold
+        is_hard = ~is_easy & (means <= opts.hard_threshold)
+        if len(np.unique(indices)) == len(indices):
+            # Vectorised: a streak grows on its kind and resets to 0 on anything else.
+            self.easy_streak[indices] = np.where(is_easy, self.easy_streak[indices] + 1, 0)
+            self.hard_streak[indices] = np.where(is_hard, self.hard_streak[indices] + 1, 0)
+        else:  # a repeated prompt: its updates must compose in order
+            for index, easy_one, hard_one in zip(indices.tolist(), is_easy.tolist(), is_hard.tolist()):
+                self.easy_streak[index] = self.easy_streak[index] + 1 if easy_one else 0
+                self.hard_streak[index] = self.hard_streak[index] + 1 if hard_one else 0
         alpha = opts.target_zero_variance
-        easy_ratio, hard_ratio = easy / len(groups), hard / len(groups)
+        easy_ratio, hard_ratio = float(is_easy.mean()), float(is_hard.mean())
         self.p_easy = step_probability(
             self.p_easy, easy_ratio, alpha / 3, opts.p_step, opts.p_min, opts.p_max
         )

@@ -10,7 +10,9 @@ Per step:
   5. If the trainer allows a feedback query this step, spend ONE query on a hypergradient of
      target accuracy w.r.t. q (estimator: "lookahead" or "spsa", l2rr_estimators.py) and take
      a mirror-ascent step on q's logits: eta_q * gain * (normalised hypergradient
-     - lambda * centred cluster waste).
+     - lambda * centred cluster waste). With max_staleness > 0 the query is asynchronous:
+     training goes on, and the step is taken when the release arrives, at most
+     max_staleness steps later (the step that reaches the bound waits for it).
 
 Ablations (paper Table 2): waste_penalty=false is "w/o ws" (lambda = 0 everywhere),
 rollout_allocation=false gives every prompt n rollouts, learn_q=false is "uniform q".
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -32,14 +35,17 @@ from trainer_node.policies.base import (
     DataPolicy,
     FeedbackContext,
     Group,
+    PendingFeedback,
     RolloutRequest,
     SourcePool,
     StepRollouts,
     informative_groups,
+    send_query,
 )
 from trainer_node.policies.l2rr_estimators import (
     EstimatorSettings,
     HypergradientEstimate,
+    QueryPlan,
     build_estimator,
     estimator_names,
 )
@@ -91,6 +97,11 @@ class L2rrOptions(PolicyOptions):
     spsa_a: float = Field(default=1.0, gt=0, description="SPSA step gain at k = 0.")
     spsa_A: float = Field(default=10.0, ge=0, description="SPSA stability constant A.")
     spsa_c: float = Field(default=0.5, gt=0, description="SPSA perturbation size in log-weight space.")
+    max_staleness: int = Field(
+        default=8, ge=0,
+        description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
+        "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
+    )
 
     @field_validator("estimator")
     @classmethod
@@ -117,6 +128,15 @@ class L2rrOptions(PolicyOptions):
         )
 
 
+@dataclass(frozen=True)
+class InFlightQuery:
+    """A feedback query sent at `step` whose release has not been applied yet."""
+
+    step: int
+    plan: QueryPlan
+    pending: PendingFeedback
+
+
 @POLICIES.register("l2rr", options=L2rrOptions)
 class L2rrPolicy(DataPolicy):
     uses_target_feedback = True
@@ -127,15 +147,17 @@ class L2rrPolicy(DataPolicy):
         self.cluster_names = pool.cluster_names
         position = {name: c for c, name in enumerate(self.cluster_names)}
         self.cluster_of = np.array([position[c] for c in pool.clusters], dtype=np.int64)  # (N,)
-        self.members = [np.flatnonzero(self.cluster_of == c) for c in range(len(self.cluster_names))]
+        self.cluster_sizes = np.bincount(self.cluster_of, minlength=len(self.cluster_names))  # (C,)
         self.estimator = build_estimator(self.options.estimator, self.options.estimator_settings())
         self.logits = np.zeros(len(self.cluster_names))
-        self.history = PromptHistory.empty(len(pool))
+        self.history = self._indexed(PromptHistory.empty(len(pool)))
         self.grad_sq = 0.0  # EMA of the centred hypergradient's mean square
         self.grad_updates = 0  # EMA bias correction count
         self.last_hypergrad = np.zeros(len(self.cluster_names))
         self.feedback_queries = 0
         self.feedback_failures = 0
+        self.last_staleness = 0  # steps between the last applied release's query and its use
+        self._in_flight: InFlightQuery | None = None  # asynchronous feedback (max_staleness > 0)
         self._step_metrics: dict[str, float] = {}
 
     # --- sampling -------------------------------------------------------------------------
@@ -172,23 +194,19 @@ class L2rrPolicy(DataPolicy):
         return [RolloutRequest(int(i), int(r)) for i, r in zip(chosen, rollouts)]
 
     def draw_candidates(self, count: int) -> np.ndarray:
-        """`count` distinct prompts: clusters ~ q, within a cluster ~ exp(-lambda * waste), random order."""
+        """`count` distinct prompts: clusters ~ q, within a cluster ~ exp(-lambda * waste), random order.
+
+        O(count * waste levels), never a pass over the pool (policies/waste_index.py)."""
         q = self.q()
-        sizes = np.array([len(m) for m in self.members])
+        sizes = self.cluster_sizes
         per_cluster = np.minimum(self.rng.multinomial(count, q), sizes)
         while per_cluster.sum() < count:  # a cluster ran out of prompts: redraw the excess among the rest
             room = sizes - per_cluster
             p = q * (room > 0)
             per_cluster += np.minimum(self.rng.multinomial(count - per_cluster.sum(), p / p.sum()), room)
         lam = self.options.effective_lambda
-        picks = []
-        for c, take in enumerate(per_cluster.tolist()):
-            if take == 0:
-                continue
-            idx = self.members[c]
-            # Gumbel top-k == sequential sampling without replacement with p ~ exp(-lambda * waste).
-            keys = -lam * self.history.waste[idx] + self.rng.gumbel(size=len(idx))
-            picks.append(idx[np.argsort(-keys, kind="stable")[:take]])
+        index = self.history.index
+        picks = [index.draw(c, take, lam, self.rng) for c, take in enumerate(per_cluster.tolist()) if take > 0]
         return self.rng.permutation(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
 
     # --- after rollout --------------------------------------------------------------------
@@ -206,25 +224,48 @@ class L2rrPolicy(DataPolicy):
         return kept
 
     def observe(self, step: int, groups: Sequence[Group]) -> None:
-        for g in groups:
-            self.history.record(
-                g.index, g.mean_reward, len(g.rollouts), g.zero_variance, self.options.max_waste
-            )
+        if not groups:
+            return
+        size = len(groups)
+        self.history.record_groups(
+            np.fromiter((g.index for g in groups), dtype=np.int64, count=size),
+            np.fromiter((g.mean_reward for g in groups), dtype=np.float64, count=size),
+            np.fromiter((len(g.rollouts) for g in groups), dtype=np.int64, count=size),
+            np.fromiter((g.zero_variance for g in groups), dtype=bool, count=size),
+            self.options.max_waste,
+        )
 
     def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
-        if not self.options.learn_q or feedback is None or not batch:
+        self.collect_feedback(step)  # a release that arrived since the last step
+        if not self.options.learn_q or feedback is None or not batch or self._in_flight is not None:
             return
         batch_clusters = self.cluster_of[[g.index for g in batch]]
         if len(np.unique(batch_clusters)) < 2:
             return  # one cluster: no relative information about q, don't spend budget
         if not feedback.should_query(step):
             return
-        estimate = self.estimator.estimate(batch, batch_clusters, self.q(), feedback, self.rng)
-        if estimate is None:
+        plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
+        pending = send_query(feedback, batch, plan.weights, asynchronous=self.options.max_staleness > 0)
+        self._in_flight = InFlightQuery(step, plan, pending)
+        self.collect_feedback(step)  # synchronous (max_staleness = 0): applied in this step
+
+    def collect_feedback(self, step: int, wait: bool = False) -> None:
+        """Apply the query in flight if its release is in, or if it is `max_staleness` steps old
+        (then wait for it: staleness stays bounded). `wait` forces it (the run's end)."""
+        query = self._in_flight
+        if query is None:
+            return
+        age = step - query.step
+        if not (wait or query.pending.ready() or age >= self.options.max_staleness):
+            return
+        accuracies = query.pending.result()
+        self._in_flight = None
+        self.last_staleness = age
+        if accuracies is None:
             self.feedback_failures += 1
             return
         self.feedback_queries += 1
-        self.apply_hypergradient(estimate)
+        self.apply_hypergradient(query.plan.conclude(accuracies))
 
     def apply_hypergradient(self, estimate: HypergradientEstimate) -> None:
         """One mirror-ascent step on the logits from a hypergradient and the waste penalty.
@@ -246,7 +287,7 @@ class L2rrPolicy(DataPolicy):
         normalised = (
             np.clip(grad / scale, -self.options.grad_clip, self.options.grad_clip) if scale > 0 else grad * 0
         )
-        cluster_waste = self.history.cluster_waste(self.members)
+        cluster_waste = self.history.index.cluster_waste()
         penalty = self.options.effective_lambda * (cluster_waste - cluster_waste.mean())
         self.logits = self.logits + self.options.eta_q * estimate.gain * (normalised - penalty)
         self.logits -= self.logits.mean()
@@ -258,6 +299,7 @@ class L2rrPolicy(DataPolicy):
             "clusters": list(self.cluster_names),
             "logits": self.logits.tolist(),
             "history": self.history.state_dict(),
+            "bucket_order": self.history.index.order.tolist(),
             "estimator": self.estimator.state_dict(),
             "grad_sq": self.grad_sq,
             "grad_updates": self.grad_updates,
@@ -272,7 +314,7 @@ class L2rrPolicy(DataPolicy):
             raise ValueError(
                 f"l2rr state is for clusters {state['clusters']}, this pool has {self.cluster_names}"
             )
-        history = PromptHistory.from_state(state["history"], len(self.pool))
+        history = self._indexed(PromptHistory.from_state(state["history"], len(self.pool)), state.get("bucket_order"))
         logits = np.asarray(state["logits"], dtype=np.float64)
         last_hypergrad = np.asarray(state["last_hypergrad"], dtype=np.float64)
         if logits.shape != self.logits.shape or last_hypergrad.shape != self.logits.shape:
@@ -295,15 +337,24 @@ class L2rrPolicy(DataPolicy):
     def metrics(self) -> dict[str, float]:
         out = dict(self._step_metrics)
         q = self.q()
-        waste = self.history.cluster_waste(self.members)
+        waste = self.history.index.cluster_waste()
         for c, name in enumerate(self.cluster_names):
             out[f"q/{name}"] = float(q[c])
             out[f"waste/{name}"] = float(waste[c])
             out[f"hypergrad/{name}"] = float(self.last_hypergrad[c])
         out["feedback_queries"] = float(self.feedback_queries)
         out["feedback_failures"] = float(self.feedback_failures)
+        out["feedback_staleness"] = float(self.last_staleness)
+        out["feedback_in_flight"] = float(self._in_flight is not None)
         out["hypergrad_scale"] = self.hypergrad_scale()
         return out
+
+    def _indexed(self, history: PromptHistory, order: Any = None) -> PromptHistory:
+        """The history with its WasteIndex; `order` is a checkpoint's bucket_order (None: rebuilt)."""
+        return history.indexed(
+            self.cluster_of, len(self.cluster_names), self.options.max_waste,
+            None if order is None else np.asarray(order, dtype=np.int64),
+        )
 
     def hypergrad_scale(self) -> float:
         """Running RMS the hypergradient is divided by (0 before the first query)."""

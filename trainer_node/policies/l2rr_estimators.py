@@ -9,9 +9,12 @@ the target accuracy of the model one update after training on the current batch:
 - "spsa": two candidates whose batch is importance-reweighted to the cluster mixes
   q * exp(+-c_k * Delta); g = (y+ - y-) / (2 c_k) * Delta. Estimates dAcc/d(log q).
 
-To add one:
+Each estimator says what to ask (`plan`: one group-weight vector per candidate) and how to
+read the answer (the plan's `conclude`: the release -> an estimate), so the query can be
+answered later than it was asked (asynchronous feedback: L2RR's max_staleness); `estimate`
+asks and reads at once. To add one:
     @ESTIMATORS.register("mine")
-    class Mine(HypergradientEstimator): def estimate(self, batch, batch_clusters, q, feedback, rng): ...
+    class Mine(HypergradientEstimator): def plan(self, batch, batch_clusters, q, rng) -> QueryPlan: ...
 and select it with the l2rr option `estimator = "mine"` (a plug-in: entry point
 `target_feedback.hypergradient_estimators`). Every estimator takes the same EstimatorSettings, so
 L2RR builds any of them the same way.
@@ -20,7 +23,7 @@ L2RR builds any of them the same way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -47,6 +50,16 @@ class HypergradientEstimate:
     gain: float = 1.0  # step-size multiplier for this estimate (SPSA's decaying a_k)
 
 
+@dataclass(frozen=True)
+class QueryPlan:
+    """One query: the candidates to build, and how to turn their release into an estimate."""
+
+    weights: list[list[float]]
+    """One group-weight vector per candidate (len(batch) entries each)."""
+    conclude: Callable[[Sequence[float]], HypergradientEstimate]
+    """Released accuracies [base, *candidates] -> the estimate (raises ValueError on a wrong length)."""
+
+
 class HypergradientEstimator(ABC):
     name: ClassVar[str] = ""  # set by registration
 
@@ -54,15 +67,27 @@ class HypergradientEstimator(ABC):
         self.settings = settings
 
     @abstractmethod
-    def estimate(
+    def plan(
         self,
         batch: Sequence[Group],
         batch_clusters: np.ndarray,  # (len(batch),) cluster id of each group
         q: np.ndarray,  # (C,) current cluster distribution
+        rng: np.random.Generator,
+    ) -> QueryPlan:
+        """The query to spend: its candidates' group weights and how to read its release."""
+
+    def estimate(
+        self,
+        batch: Sequence[Group],
+        batch_clusters: np.ndarray,
+        q: np.ndarray,
         feedback: FeedbackContext,
         rng: np.random.Generator,
     ) -> HypergradientEstimate | None:
-        """Spend one feedback query; None when the owner released nothing (keep the last q)."""
+        """Spend one feedback query now; None when the owner released nothing (keep the last q)."""
+        plan = self.plan(batch, batch_clusters, q, rng)
+        accuracies = feedback.evaluate(feedback.candidates(batch, plan.weights))
+        return None if accuracies is None else plan.conclude(accuracies)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -107,7 +132,7 @@ def _released(accuracies: Sequence[float], candidates: int, base_optional: bool 
 class LookaheadEstimator(HypergradientEstimator):
     """Per-cluster one-step lookahead: a paired finite difference per cluster."""
 
-    def estimate(self, batch, batch_clusters, q, feedback, rng):
+    def plan(self, batch, batch_clusters, q, rng):
         present = np.unique(batch_clusters)
         limit = self.settings.lookahead_max_clusters
         if 0 < limit < len(present):
@@ -115,16 +140,16 @@ class LookaheadEstimator(HypergradientEstimator):
         weights = [
             [1.0 if c == cluster else 0.0 for c in batch_clusters.tolist()] for cluster in present.tolist()
         ]
-        handles = feedback.candidates(batch, weights)
-        accuracies = feedback.evaluate(handles)
-        if accuracies is None:
-            return None
-        values = _released(accuracies, len(handles))
-        grad = np.zeros(len(q))
-        grad[present] = values[1:] - values[0]
-        observed = np.zeros(len(q), dtype=bool)
-        observed[present] = True
-        return HypergradientEstimate(grad, observed)
+
+        def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
+            values = _released(accuracies, len(weights))
+            grad = np.zeros(len(q))
+            grad[present] = values[1:] - values[0]
+            observed = np.zeros(len(q), dtype=bool)
+            observed[present] = True
+            return HypergradientEstimate(grad, observed)
+
+        return QueryPlan(weights, conclude)
 
 
 @ESTIMATORS.register("spsa")
@@ -142,7 +167,7 @@ class SpsaEstimator(HypergradientEstimator):
         c_k = s.spsa_c / (k + 1) ** 0.101
         return a_k, c_k
 
-    def estimate(self, batch, batch_clusters, q, feedback, rng):
+    def plan(self, batch, batch_clusters, q, rng):
         a_k, c_k = self.gains()
         delta = rng.choice(np.array([-1.0, 1.0]), size=len(q))
         present = np.unique(batch_clusters)
@@ -157,18 +182,17 @@ class SpsaEstimator(HypergradientEstimator):
             per_group = ratio[batch_clusters]
             return (per_group / per_group.mean()).tolist()
 
-        handles = feedback.candidates(batch, [group_weights(+1.0), group_weights(-1.0)])
-        accuracies = feedback.evaluate(handles)
-        if accuracies is None:
-            return None
-        # The base model's accuracy is not needed: the estimate is the paired difference.
-        y_plus, y_minus = _released(accuracies, len(handles), base_optional=True)[-2:]
-        grad = np.zeros(len(q))
-        grad[present] = (y_plus - y_minus) / (2 * c_k) * delta[present]  # Delta^-1 = Delta for +-1
-        observed = np.zeros(len(q), dtype=bool)
-        observed[present] = True
-        self.iterations += 1
-        return HypergradientEstimate(grad, observed, gain=a_k)
+        def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
+            # The base model's accuracy is not needed: the estimate is the paired difference.
+            y_plus, y_minus = _released(accuracies, 2, base_optional=True)[-2:]
+            grad = np.zeros(len(q))
+            grad[present] = (y_plus - y_minus) / (2 * c_k) * delta[present]  # Delta^-1 = Delta for +-1
+            observed = np.zeros(len(q), dtype=bool)
+            observed[present] = True
+            self.iterations += 1
+            return HypergradientEstimate(grad, observed, gain=a_k)
+
+        return QueryPlan([group_weights(+1.0), group_weights(-1.0)], conclude)
 
     def state_dict(self) -> dict[str, Any]:
         return {"iterations": self.iterations}

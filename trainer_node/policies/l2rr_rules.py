@@ -6,10 +6,12 @@ checked by hand (tests/trainer_node/test_policy_l2rr.py) and read next to docs/L
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from trainer_node.policies.waste_index import WasteIndex
 
 
 def beta_bernoulli_all_same(
@@ -57,12 +59,16 @@ class PromptHistory:
         at max_waste (reset to 0 by an informative group; docs/L2RR.md says why).
     last_mean / last_count: mean reward and size of the prompt's latest group.
     times_sampled: groups ever generated for the prompt (0 = no history).
+    index: the policy's WasteIndex (buckets by cluster and waste level, per-cluster sums), kept
+        in step by `record` / `record_groups`; None for a bare history (the rule tests).
+    Write through `record` / `record_groups` only: the index follows those.
     """
 
     waste: np.ndarray
     last_mean: np.ndarray
     last_count: np.ndarray
     times_sampled: np.ndarray
+    index: WasteIndex | None = field(default=None, compare=False)
 
     @classmethod
     def empty(cls, size: int) -> PromptHistory:
@@ -73,11 +79,44 @@ class PromptHistory:
             times_sampled=np.zeros(size, dtype=np.int64),
         )
 
+    def indexed(
+        self, cluster_of: np.ndarray, clusters: int, max_waste: int, order: np.ndarray | None = None
+    ) -> PromptHistory:
+        """This history with a WasteIndex over `cluster_of` (built once, O(N log N)); `order`
+        restores a saved bucket order (WasteIndex)."""
+        self.index = WasteIndex(cluster_of, clusters, self.waste, self.times_sampled > 0, max_waste + 1, order)
+        return self
+
     def record(self, index: int, mean_reward: float, count: int, zero_variance: bool, max_waste: int) -> None:
+        old, seen = int(self.waste[index]), bool(self.times_sampled[index] > 0)
         self.times_sampled[index] += 1
         self.last_mean[index] = mean_reward
         self.last_count[index] = count
-        self.waste[index] = min(self.waste[index] + 1, max_waste) if zero_variance else 0
+        new = min(old + 1, max_waste) if zero_variance else 0
+        self.waste[index] = new
+        if self.index is not None:
+            self.index.update(int(index), old, new, seen)
+
+    def record_groups(
+        self, indices: np.ndarray, means: np.ndarray, counts: np.ndarray, zero_variance: np.ndarray, max_waste: int
+    ) -> None:
+        """`record` for one step's groups at once (distinct prompts; vectorised, O(groups))."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(np.unique(indices)) != len(indices):  # a repeated prompt: its records must compose in order
+            for i, m, c, z in zip(indices.tolist(), means, counts, zero_variance):
+                self.record(i, float(m), int(c), bool(z), max_waste)
+            return
+        old = self.waste[indices].copy()
+        seen = self.times_sampled[indices] > 0
+        new = np.where(zero_variance, np.minimum(old + 1, max_waste), 0)
+        self.times_sampled[indices] += 1
+        self.last_mean[indices] = means
+        self.last_count[indices] = counts
+        self.waste[indices] = new
+        if self.index is not None:
+            for i, a, b, s in zip(indices.tolist(), old.tolist(), new.tolist(), seen.tolist()):
+                if a != b or not s:
+                    self.index.update(i, a, b, s)
 
     def evidence(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Pseudo-counts (successes, failures) of each prompt's current success rate.
@@ -93,7 +132,11 @@ class PromptHistory:
         return successes, trials - successes
 
     def cluster_waste(self, members: list[np.ndarray]) -> np.ndarray:
-        """Mean waste counter over the prompts of each cluster that have history (0 if none)."""
+        """Mean waste counter over the prompts of each cluster that have history (0 if none).
+
+        O(C) from the index's running sums; without an index, one pass over `members`."""
+        if self.index is not None:
+            return self.index.cluster_waste()
         out = np.zeros(len(members))
         for c, idx in enumerate(members):
             seen = idx[self.times_sampled[idx] > 0]
@@ -121,4 +164,6 @@ class PromptHistory:
                 raise ValueError(
                     f"l2rr state: {name} has {len(getattr(history, name))} entries, the pool has {size}"
                 )
+        if (history.waste < 0).any():
+            raise ValueError("l2rr state: waste counters must be >= 0")
         return history

@@ -2,6 +2,7 @@
 
 from protocol.conformance.checks import (  # noqa: F401
     budget,
+    deltas,
     evaluate,
     fuzz,
     info,

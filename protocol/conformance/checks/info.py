@@ -26,6 +26,8 @@ PUBLIC_INFO_FIELDS = frozenset({
     "decoding_limits.max_candidates_per_query", "decoding_limits.max_prompt_tokens",
     "upload_limits", "upload_limits.max_checkpoint_bytes", "upload_limits.max_chunk_bytes",
     "upload_limits.allowed_architectures", "upload_limits.allowed_file_names",
+    "delta_support", "delta_support.tensor_shards", "delta_support.lora_adapters", "delta_support.max_lora_rank",
+    "delta_support.max_adapter_bytes",
 })
 
 
@@ -57,6 +59,12 @@ def info_problems(info: pb.GetInfoResponse) -> list[str]:
     for name in u.allowed_file_names:
         if name.lower().endswith(PICKLE_SUFFIXES) or not name.endswith((".json", ".safetensors")):
             p.append(f"upload_limits.allowed_file_names admits {name!r} (only safetensors and JSON are allowed)")
+    delta = info.delta_support
+    if delta.lora_adapters and not (delta.max_lora_rank >= 1 and delta.max_adapter_bytes >= 1):
+        p.append(f"delta_support.lora_adapters is set but max_lora_rank={delta.max_lora_rank}, "
+                 f"max_adapter_bytes={delta.max_adapter_bytes}")
+    if not delta.lora_adapters and (delta.max_lora_rank or delta.max_adapter_bytes):
+        p.append("delta_support: adapter limits are declared but lora_adapters is false")
     if info.test_split_enabled != (info.test_size > 0):
         p.append(f"test_split_enabled={info.test_split_enabled} but test_size={info.test_size}")
     p += privacy_problems(info)

@@ -83,12 +83,24 @@ class UploadLimits(_message.Message):
     allowed_file_names: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, max_checkpoint_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., allowed_architectures: _Optional[_Iterable[str]] = ..., allowed_file_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class DeltaSupport(_message.Message):
+    __slots__ = ("tensor_shards", "lora_adapters", "max_lora_rank", "max_adapter_bytes")
+    TENSOR_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADAPTER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tensor_shards: bool
+    lora_adapters: bool
+    max_lora_rank: int
+    max_adapter_bytes: int
+    def __init__(self, tensor_shards: _Optional[bool] = ..., lora_adapters: _Optional[bool] = ..., max_lora_rank: _Optional[int] = ..., max_adapter_bytes: _Optional[int] = ...) -> None: ...
+
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "verifier_name", "chat_template", "chat_format")
+    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "verifier_name", "chat_template", "chat_format", "delta_support")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +116,7 @@ class GetInfoResponse(_message.Message):
     VERIFIER_NAME_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     CHAT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SUPPORT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     task_description: str
     answer_format: str
@@ -119,7 +132,8 @@ class GetInfoResponse(_message.Message):
     verifier_name: str
     chat_template: str
     chat_format: str
-    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., verifier_name: _Optional[str] = ..., chat_template: _Optional[str] = ..., chat_format: _Optional[str] = ...) -> None: ...
+    delta_support: DeltaSupport
+    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., verifier_name: _Optional[str] = ..., chat_template: _Optional[str] = ..., chat_format: _Optional[str] = ..., delta_support: _Optional[_Union[DeltaSupport, _Mapping]] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("name", "size", "sha256")

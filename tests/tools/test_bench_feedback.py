@@ -1,0 +1,63 @@
+"""tools/bench_feedback.py (issue 14's one benchmark command): it measures goals in a subprocess
+per tree and prints them side by side with today's (smoke test on tiny sizes; not timed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("bench_feedback", ROOT / "tools" / "bench_feedback.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_puts_every_goal_beside_today():
+    tool = load_tool()
+    run = {"loop_s": 105.0, "steps": 60, "phases_s": {"candidates": 1.0, "upload": 2.0, "owner_wait": 2.0},
+           "queries": 10, "uploaded_bytes": 10 * 2**20, "checkpoint_bytes": 2**21}
+    now = {
+        1: {"feedback": run, "ablation": {**run, "loop_s": 100.0}},
+        2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": True},
+        3: {"upload_mib_s": 60.0, "copy_mib_s": 300.0, "size_mb": 100,
+            "k_of_t": {"k": 2, "T": 20, "bytes_new": 10, "bytes_full": 100, "bytes_of_changed_tensors": 9}},
+        4: {"pool": 10_000_000, "l2rr": {"ms_per_round": 2.0, "policy_rss_mb": 300.0},
+            "greso": {"ms_per_round": 1.5, "policy_rss_mb": 200.0}},
+        5: {"first_start_s": 9.0, "cached_start_s": 1.5, "cached_stop_s": 0.5, "drain_delay_s": 0.0},
+    }
+    today = {1: {"feedback": {**run, "loop_s": 200.0, "phases_s": {}}, "ablation": {**run, "loop_s": 100.0}},
+             2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": None},
+             4: {"error": "boom"}}
+    lines = tool.report({"now": now, "today": today})
+    text = "\n".join(lines)
+    assert lines[0].split() == ["figure", "this", "tree", "today", "goal"]
+    assert "1.05x (105 / 100 s, 60 steps)" in text and "2.00x (200 / 100 s" in text
+    assert "4.8% of the loop" in text and "not recorded" in text
+    assert "0.50 checkpoints (1.0 MiB, 10 queries)" in text
+    assert "2.1% (7 x 9.0 MiB vs 3.00 GiB)" in text and "20% (60 / 300 MiB/s" in text
+    assert "10.0% of the bytes for k/T = 2/20 tensors holding 9.0%" in text and "error: boom" in text
+    assert "1.50 s (first 9.00 s)" in text and "700% (7 full checkpoints: no adapters)" in text
+
+
+def test_it_measures_the_sampler_the_bytes_and_the_owner_start(tmp_path):
+    out = tmp_path / "figures.json"
+    command = [sys.executable, str(ROOT / "tools" / "bench_feedback.py"), "--goals", "2,4,5", "--pool", "3000",
+               "--rounds", "1", "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    figures = json.loads(out.read_text())["now"]
+    assert figures["2"]["full_bytes"] > 3 * 10**9 and figures["2"]["adapter_validated"] is True
+    assert 0 < figures["2"]["adapter_bytes"] < figures["2"]["full_bytes"] / 100
+    assert figures["4"]["pool"] == 3000 and figures["4"]["l2rr"]["ms_per_round"] > 0
+    assert figures["4"]["greso"]["ms_per_round"] > 0
+    assert 0 < figures["5"]["cached_start_s"] and figures["5"]["first_start_s"] > 0
+    assert "4 l2rr ms/round" in result.stdout and "5 owner start, calibration cached" in result.stdout

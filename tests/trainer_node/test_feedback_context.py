@@ -1,0 +1,137 @@
+"""OwnerFeedback against an in-memory owner: candidates as per-tensor shards (only changed
+tensors travel), synchronous and asynchronous queries, and the asynchronous query's snapshot."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+from tests.trainer_node.grpo_helpers import make_model_dir, make_settings, make_trainer
+from trainer_node.feedback.client import FeedbackError
+from trainer_node.feedback.context import FeedbackSettings, connect_owner_feedback
+
+EMBEDDING = "model.embed_tokens.weight"
+
+
+class MemoryOwner:
+    """Stores uploaded files by sha256 (the owner's content addressing) and releases, for each
+    checkpoint, the mean of its input embedding: a number that follows the weights exactly."""
+
+    def __init__(self, fail_evaluate: bool = False):
+        self.blobs: dict[str, bytes] = {}
+        self.checkpoints: dict[str, dict[str, str]] = {}
+        self.sent: list[list[str]] = []
+        self.fail_evaluate = fail_evaluate
+        self.last_upload_bytes = 0
+
+    def info(self):
+        return SimpleNamespace(privacy=SimpleNamespace(enabled=True))
+
+    def upload(self, model_dir: Path, digests=None):
+        files = {}
+        sent = []
+        for path in sorted(Path(model_dir).iterdir()):
+            digest = (digests or {}).get(path.name) or hashlib.sha256(path.read_bytes()).hexdigest()
+            assert digest == hashlib.sha256(path.read_bytes()).hexdigest(), "a given digest must be the file's"
+            if digest not in self.blobs:
+                self.blobs[digest] = path.read_bytes()
+                sent.append(path.name)
+            files[path.name] = digest
+        self.sent.append(sent)
+        self.last_upload_bytes = sum(len(self.blobs[files[n]]) for n in sent)
+        checkpoint_id = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        self.checkpoints[checkpoint_id] = files
+        return checkpoint_id
+
+    def embedding_mean(self, checkpoint_id: str) -> float:
+        files = self.checkpoints[checkpoint_id]
+        index = json.loads(self.blobs[files["model.safetensors.index.json"]])
+        shard = index["weight_map"][EMBEDDING]
+        from safetensors.torch import load
+
+        return float(load(self.blobs[files[shard]])[EMBEDDING].mean())
+
+    def evaluate(self, checkpoint_ids, decoding, split=pb.SPLIT_FEEDBACK):
+        if self.fail_evaluate:
+            raise FeedbackError("owner down")
+        return pb.EvaluateResponse(
+            results=[pb.CandidateResult(checkpoint_id=c, accuracy=self.embedding_mean(c)) for c in checkpoint_ids],
+            privacy=pb.PrivacySpend(epsilon_this_release=0.1, epsilon_spent_total=0.1, epsilon_remaining=3.9),
+        )
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("context"))
+
+
+def connect(owner, trainer, tmp_path):
+    settings = FeedbackSettings(total_steps=20, max_new_tokens=4, seed=0)
+    return connect_owner_feedback(owner, trainer, settings, tmp_path / "sent")
+
+
+def test_a_candidate_that_changes_one_tensor_sends_one_shard(model_dir, tmp_path):
+    trainer = make_trainer(model_dir)
+    owner = MemoryOwner()
+    feedback = connect(owner, trainer, tmp_path)
+    base = trainer.current_state_dict()
+    feedback.upload_state(base, "base")
+    changed = dict(base, **{EMBEDDING: base[EMBEDDING] + 1.0})
+    checkpoint = feedback.upload_state(changed, "one")
+    shards = [n for n in owner.sent[1] if n.endswith(".safetensors")]
+    assert owner.sent[1] == shards and len(shards) == 1, "only the changed tensor's shard travels"
+    assert owner.embedding_mean(checkpoint) == pytest.approx(float(changed[EMBEDDING].mean()))
+    first = sum(len(owner.blobs[d]) for d in set(owner.checkpoints[next(iter(owner.checkpoints))].values()))
+    one_shard = len(owner.blobs[owner.checkpoints[checkpoint][shards[0]]])
+    assert feedback.stats.uploaded_bytes == first + one_shard
+    assert one_shard < 0.5 * first
+
+
+def test_async_lookahead_equals_the_synchronous_query_of_the_same_moment(model_dir, tmp_path):
+    trainer = make_trainer(model_dir, make_settings(adam_eps=1e-4))
+    trainer.train_step()
+    groups = trainer.sample_and_rollout(1).groups
+    weights = [[1.0 if i % 2 == 0 else 0.0 for i in range(len(groups))], [1.0] * len(groups)]
+    sync_owner, async_owner = MemoryOwner(), MemoryOwner()
+    sync = connect(sync_owner, trainer, tmp_path / "a").evaluate(trainer.lookahead_state_dicts(groups, weights))
+    feedback = connect(async_owner, trainer, tmp_path / "b")
+    pending = feedback.submit_lookahead(groups, weights)
+    trainer.train_step()  # training goes on while the query is in flight
+    released = pending.result()
+    assert released == pytest.approx(sync, abs=1e-7), "candidates are built from the snapshot, not the live model"
+    assert pending.ready() and feedback.stats.queries == 1 and feedback.pacer.next_step >= 1
+    assert feedback.stats.background_candidates_s > 0 and feedback.stats.background_owner_s >= 0
+
+
+def test_one_query_in_flight_and_a_failed_one_returns_none(model_dir, tmp_path):
+    trainer = make_trainer(model_dir)
+    groups = trainer.sample_and_rollout(0).groups
+    feedback = connect(MemoryOwner(fail_evaluate=True), trainer, tmp_path)
+    pending = feedback.submit_lookahead(groups, [[1.0] * len(groups)])
+    assert not feedback.should_query(0)  # nothing new while one is in flight
+    with pytest.raises(RuntimeError, match="already in flight"):
+        feedback.submit_lookahead(groups, [[1.0] * len(groups)])
+    assert pending.result() is None and feedback.stats.failures == 1
+    assert feedback.should_query(0)
+    feedback.close()
+
+
+def test_the_run_end_books_a_query_still_in_flight(model_dir, tmp_path):
+    from trainer_node.feedback.hook import OwnerFeedbackHook
+
+    trainer = make_trainer(model_dir)
+    groups = trainer.sample_and_rollout(0).groups
+    feedback = connect(MemoryOwner(), trainer, tmp_path)
+    feedback.submit_lookahead(groups, [[1.0] * len(groups)])
+    outcome = OwnerFeedbackHook(feedback).finish(1)
+    assert outcome.summary["feedback_queries"] == 1
+    assert torch.is_tensor(trainer.current_state_dict()[EMBEDDING])

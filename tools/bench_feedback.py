@@ -1,0 +1,420 @@
+"""What target feedback costs: issue 14's goals 1-5, this tree beside "today" (prints figures; not a test).
+
+    python tools/bench_feedback.py [--today DIR] [--goals 1,2,3,4,5] [--steps 60] [--pool 10000000]
+
+`--today DIR` is a checkout of the code the issue started from, e.g.
+
+    mkdir /tmp/today && git archive d1b7d97 | tar -x -C /tmp/today
+
+and every goal is measured there by the same code in the same run (a subprocess with
+PYTHONPATH=DIR), so load on a shared machine hits both columns alike. Without it the today
+column is left empty. Each goal runs in its own process (`--measure GOAL --tree DIR`, printing
+one JSON object), so one tree's modules never leak into the other's figures.
+
+1. Feedback share of wall time: `trainer-node simulate` (L2RR, default testbed, default
+   cadence) against its no-feedback ablation (policy.learn_q = false), same seed and
+   steps; the training loop's time is the sum of step_seconds. Goal: ratio <= 1.05. The
+   per-phase split is read from the run's summary (this tree records it).
+2. Bytes per query: from the same L2RR run (bytes the owner did not hold, per query, against one
+   full checkpoint of its model), and for a Qwen2-1.5B-shaped model in bf16 built on the meta
+   device (no download, no weights): one full checkpoint against a LoRA adapter (r = 16 on
+   q/k/v/o_proj) serialised as the owner accepts it. Goal: LoRA bytes per query <= 10%.
+3. Upload throughput: tools/bench_owner.py of the tree (a random-init Qwen2 of --size-mb over
+   mTLS loopback to `target-owner-node serve`, against a plain file copy + fsync). Goal >= 50%
+   (a stretch on 2 cores). Plus the bytes of a per-tensor candidate that changes k of T tensors.
+4. Sampling: L2RR and GRESO, batch 256, n = 8, a pool of --pool prompts, milliseconds per round
+   of next_requests + training_groups + observe (rewards drawn at random), and the resident
+   memory the policy adds. Goal <= 10 ms per round at 10M.
+5. Owner start: `target-owner-node serve` from process start to "listening" (printed once health
+   is SERVING), the second start of a storage folder (its calibration cached), and the time
+   SIGTERM takes to end it. Goal <= 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = (1, 2, 3, 4, 5)
+PYTHON = sys.executable
+
+
+# --------------------------------------------------------------------------- measurements
+# Each runs inside the tree under test (its modules first on sys.path) and returns plain data.
+# They use only interfaces both trees have.
+
+
+def measure_simulate(tree: Path, work: Path, steps: int, seed: int) -> dict:
+    """Goal 1 and the measured half of goal 2: L2RR with feedback and its learn_q = false ablation."""
+    out = {}
+    defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
+    for label, learn_q in (("feedback", True), ("ablation", False)):
+        run = work / f"simulate-{label}"
+        config = work / f"simulate-{label}.toml"
+        text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}",
+                      defaults)  # one tiny policy for both trees (built once, keyed by its inputs)
+        text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
+        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\nlearn_q = {json.dumps(learn_q)}", text)
+        config.write_text(text)
+        command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
+                   "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
+        started = time.perf_counter()
+        subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
+        wall = time.perf_counter() - started
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        steps_ = [r for r in records if "step_seconds" in r]
+        summary = json.loads((run / "summary.json").read_text())
+        phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
+                  if k.startswith("time/") and k.endswith("_s")}
+        weights = sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors"))
+        out[label] = {
+            "loop_s": sum(r["step_seconds"] for r in steps_),
+            "process_s": wall,
+            "steps": len(steps_),
+            "phases_s": phases,
+            "queries": summary.get("feedback_queries"),
+            "candidates": summary.get("feedback_candidates"),
+            "uploaded_bytes": summary.get("feedback_uploaded_bytes"),
+            "target_accuracy_after": summary.get("target_accuracy_after"),
+            "checkpoint_bytes": weights,
+            "summary_keys": sorted(summary),
+        }
+    return out
+
+
+def _model_dir(tree: Path) -> Path:
+    """The simulation's cached tiny policy (both trees use ROOT's cache)."""
+    return next(f for f in sorted((ROOT / ".cache" / "tiny_policies").glob("qwen2-*")) if f.is_dir())
+
+
+def measure_bytes() -> dict:
+    """Goal 2 for a Qwen2-1.5B-shaped model in bf16: full checkpoint vs a LoRA adapter."""
+    import torch
+    from safetensors.torch import save
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(  # Qwen2-1.5B's published shape
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, torch_dtype="bfloat16",
+    )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)  # one stored copy, as save_pretrained writes it
+    full = sum(2 * _numel(s) for s in shapes.values())
+    rank, targets = 16, ("q_proj", "k_proj", "v_proj", "o_proj")
+    adapter = {}
+    for name, shape in shapes.items():
+        module = name.removesuffix(".weight")
+        if module.rsplit(".", 1)[-1] in targets:
+            out_f, in_f = shape
+            adapter[f"base_model.model.{module}.lora_A.weight"] = torch.zeros(rank, in_f, dtype=torch.bfloat16)
+            adapter[f"base_model.model.{module}.lora_B.weight"] = torch.zeros(out_f, rank, dtype=torch.bfloat16)
+    adapter_bytes = len(save(adapter))
+    validated = None
+    try:  # the owner's own check of the adapter against the base (this tree only)
+        from protocol.adapter_rules import validate_adapter
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "adapter_model.safetensors"
+            path.write_bytes(save(adapter))
+            cfg = json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 32, "target_modules": list(targets)})
+            validate_adapter(cfg.encode(), path, "Qwen2ForCausalLM", shapes, "model.embed_tokens.weight")
+            validated = True
+    except ImportError:
+        validated = None
+    return {"parameters": sum(_numel(s) for s in shapes.values()), "full_bytes": full, "tensors": len(shapes),
+            "lora_rank": rank, "lora_targets": list(targets), "adapter_bytes": adapter_bytes,
+            "adapter_validated": validated}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def measure_upload(tree: Path, size_mb: int) -> dict:
+    """Goal 3: the tree's tools/bench_owner.py upload figures, and k-of-T candidate bytes."""
+    command = [PYTHON, str(tree / "tools" / "bench_owner.py"), "--size-mb", str(size_mb), "--prompts", "4",
+               "--samples", "1", "--max-new-tokens", "2"]
+    text = subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True, text=True).stdout
+    upload = float(re.search(r"upload over mTLS loopback: ([0-9.]+) MiB/s", text).group(1))
+    copy = float(re.search(r"plain file copy \+ fsync: +([0-9.]+) MiB/s", text).group(1))
+    return {"upload_mib_s": upload, "copy_mib_s": copy, "size_mb": size_mb, **_k_of_t()}
+
+
+def _k_of_t() -> dict:
+    """Bytes a candidate that changes k of T tensors adds to what the owner holds (this tree's
+    CandidateWriter); today's writer sends one model.safetensors: every byte, whatever k."""
+    try:
+        from trainer_node.feedback.candidates import CandidateWriter
+    except ImportError:
+        return {"k_of_t": None}
+    import torch
+
+    from rlvr_core.models.loading import load_policy
+
+    model, tokenizer = load_policy(_model_dir(ROOT), "cpu", torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = CandidateWriter(model, tokenizer, Path(tmp))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        first = writer.write(state, "base")
+        total = sum(size for name, size in first.sizes.items() if name.endswith(".safetensors"))
+        names = list(writer.tensor_names)
+        k = max(1, len(names) // 10)
+        changed = dict(state)
+        for name in names[:k]:
+            changed[name] = state[name] + 1.0
+        second = writer.write(changed, "candidate")
+        before = set(first.digests.values())
+        new = sum(second.sizes[name] for name, digest in second.digests.items() if digest not in before)
+        changed_bytes = sum(state[name].numel() * state[name].element_size() for name in names[:k])
+    return {"k_of_t": {"k": k, "T": len(names), "bytes_new": new, "bytes_full": total,
+                       "bytes_of_changed_tensors": changed_bytes}}
+
+
+def measure_sampler(pool_size: int, rounds: int, policies: list[str]) -> dict:
+    """Goal 4: ms per round of the policy's own work at `pool_size` prompts (batch 256, n = 8)."""
+    import numpy as np
+
+    from rlvr_core.tasks.example import Example
+    from trainer_node.policies.base import Group, Rollout, SourcePool, StepRollouts
+
+    example = Example(id="p", prompt="1+1=", answer="2", domain="add", verifier="exact_match")
+    names = [f"c{i}" for i in range(6)]
+    clusters = tuple(names[i % len(names)] for i in range(pool_size))
+    pool = SourcePool(examples=(example,) * pool_size, clusters=clusters)  # one object, pool_size refs
+    out = {}
+    for name in policies:
+        rss_before = _rss_mb()
+        policy = _policy(name, pool)
+        rng = np.random.default_rng(1)
+        rss_after = _rss_mb()
+        spent, count = 0.0, 0
+        for step in range(rounds + 1):
+            so_far = StepRollouts()
+            started = time.perf_counter()
+            while True:
+                requests = policy.next_requests(step, so_far)
+                if not requests:
+                    break
+                count += step > 0
+                paused = time.perf_counter()
+                groups = [Group(r.index, clusters[r.index], [Rollout("", float(rng.random() < 0.5), (), ())
+                                                             for _ in range(r.num_rollouts)]) for r in requests]
+                started += time.perf_counter() - paused  # building fake rollouts is not the sampler's work
+                so_far.add(groups)
+                if so_far.rounds >= 8:
+                    break
+            policy.observe(step, so_far.groups)
+            policy.training_groups(step, so_far)
+            if step > 0:  # step 0 warms caches
+                spent += time.perf_counter() - started
+        out[name] = {"ms_per_round": 1000 * spent / max(count, 1), "ms_per_step": 1000 * spent / rounds,
+                     "rounds_per_step": count / rounds, "policy_rss_mb": rss_after - rss_before}
+        del policy
+    return {"pool": pool_size, **out}
+
+
+SAMPLERS = {  # the policies goal 4 times: module, policy class, options class (same in both trees)
+    "l2rr": ("trainer_node.policies.l2rr", "L2rrPolicy", "L2rrOptions"),
+    "greso": ("trainer_node.policies.greso", "GresoPolicy", "GresoOptions"),
+}
+
+
+def _policy(name: str, pool):
+    import importlib
+
+    import numpy as np
+
+    module_name, policy_class, options_class = SAMPLERS[name]
+    module = importlib.import_module(module_name)
+    options = getattr(module, options_class)(batch_size=256, rollouts_per_prompt=8)
+    return getattr(module, policy_class)(pool, options, np.random.default_rng(0))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize() / (1 << 20)
+
+
+def measure_owner_start(tree: Path, work: Path) -> dict:
+    """Goal 5: process start to 'listening' (health SERVING), twice on one storage folder, and shutdown."""
+    from lab.owner_process import OwnerProcess, init_owner
+
+    folder = work / "owner"
+    init_owner(folder, "default", dp=True)
+    out = {}
+    for label in ("first", "cached"):
+        owner = OwnerProcess(folder)
+        started = time.perf_counter()
+        owner.start()
+        out[f"{label}_start_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        owner.stop(grace_s=60)
+        out[f"{label}_stop_s"] = time.perf_counter() - started
+    drain = re.search(r"(?m)^drain_delay_s = ([0-9.]+)", (folder / "config.toml").read_text())
+    out["drain_delay_s"] = float(drain.group(1)) if drain else None
+    return out
+
+
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def run_goal(goal: int, tree: Path, args: argparse.Namespace) -> dict:
+    command = [PYTHON, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
+               "--steps", str(args.steps), "--seed", str(args.seed), "--pool", str(args.pool),
+               "--rounds", str(args.rounds), "--size-mb", str(args.size_mb), "--policies", args.policies]
+    started = time.perf_counter()
+    done = subprocess.run(command, check=False, cwd=tree, env=_env(tree), capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1], "seconds": time.perf_counter() - started}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "seconds": time.perf_counter() - started}
+
+
+def measure(goal: int, args: argparse.Namespace) -> dict:
+    tree = Path(args.tree)
+    with tempfile.TemporaryDirectory(prefix="bench-feedback-") as tmp:
+        work = Path(tmp)
+        if goal == 1:
+            return measure_simulate(tree, work, args.steps, args.seed)
+        if goal == 2:
+            return measure_bytes()
+        if goal == 3:
+            return measure_upload(tree, args.size_mb)
+        if goal == 4:
+            return measure_sampler(args.pool, args.rounds, args.policies.split(","))
+        if goal == 5:
+            return measure_owner_start(tree, work)
+    raise ValueError(goal)
+
+
+def report(results: dict[str, dict[int, dict]]) -> list[str]:
+    """The side-by-side table: one line per figure, this tree | today."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def both(goal: int, label: str, fn, target: str = "") -> None:
+        cells = []
+        for tree in ("now", "today"):
+            data = results.get(tree, {}).get(goal)
+            if data is None:
+                cells.append("-")
+            elif "error" in data:
+                cells.append("error: " + data["error"][:60])
+            else:
+                try:
+                    cells.append(fn(data))
+                except (KeyError, TypeError, ZeroDivisionError):
+                    cells.append("n/a")
+        rows.append((label, cells[0], cells[1], target))
+
+    both(1, "1 loop time, L2RR / learn_q=false", lambda d: f"{d['feedback']['loop_s'] / d['ablation']['loop_s']:.2f}x "
+         f"({d['feedback']['loop_s']:.0f} / {d['ablation']['loop_s']:.0f} s, {d['feedback']['steps']} steps)", "<= 1.05x")
+    both(1, "1 feedback phases (candidates+upload+owner_wait)", lambda d: _feedback_share(d["feedback"]))
+    both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
+    both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
+    both(3, "3 upload mTLS / plain copy", lambda d: f"{d['upload_mib_s'] / d['copy_mib_s']:.0%} "
+         f"({d['upload_mib_s']:.0f} / {d['copy_mib_s']:.0f} MiB/s, {d['size_mb']} MB)", ">= 50% (stretch)")
+    both(3, "3 candidate changing k of T tensors sends", lambda d: _k_of_t_cell(d), "~ k/T")
+    for name in ("l2rr", "greso"):
+        both(4, f"4 {name} ms/round", lambda d, n=name: f"{d[n]['ms_per_round']:.1f} ms "
+             f"(pool {d['pool']:,}, {d[n]['policy_rss_mb']:.0f} MiB)", "<= 10 ms at 10M")
+    both(5, "5 owner start, calibration cached", lambda d: f"{d['cached_start_s']:.2f} s (first {d['first_start_s']:.2f} s)",
+         "<= 2 s")
+    both(5, "5 owner shutdown (SIGTERM to exit)", lambda d: f"{d['cached_stop_s']:.2f} s (drain {d['drain_delay_s']} s)")
+    width = [max(len(r[i]) for r in rows + [("figure", "this tree", "today", "goal")]) for i in range(4)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(("figure", "this tree", "today", "goal"), width))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in rows]
+    return lines
+
+
+def _feedback_share(run: dict) -> str:
+    phases = run["phases_s"]
+    if not phases:
+        return "not recorded"
+    feedback = sum(phases.get(k, 0.0) for k in ("candidates", "upload", "owner_wait"))
+    return f"{feedback / run['loop_s']:.1%} of the loop ({feedback:.1f} s)"
+
+
+def _bytes_per_query(data: dict) -> str:
+    run = data["feedback"]
+    if not run["uploaded_bytes"] or not run["queries"]:
+        return "not recorded"
+    per_query = run["uploaded_bytes"] / run["queries"]
+    return f"{per_query / run['checkpoint_bytes']:.2f} checkpoints ({per_query / 2**20:.1f} MiB, {run['queries']} queries)"
+
+
+def _lora_share(data: dict) -> str:
+    candidates = 7  # the base plus 6 candidates, the issue's count per query
+    if data.get("adapter_validated") is None:  # a tree without adapter support sends full checkpoints
+        return f"{candidates:.0%} ({candidates} full checkpoints: no adapters)"
+    return (f"{candidates * data['adapter_bytes'] / data['full_bytes']:.1%} "
+            f"({candidates} x {data['adapter_bytes'] / 2**20:.1f} MiB vs {data['full_bytes'] / 2**30:.2f} GiB)")
+
+
+def _k_of_t_cell(data: dict) -> str:
+    k = data.get("k_of_t")
+    if not k:
+        return "T/T (one model.safetensors)"
+    share = k.get("bytes_of_changed_tensors", 0) / k["bytes_full"]
+    return (f"{k['bytes_new'] / k['bytes_full']:.1%} of the bytes for k/T = {k['k']}/{k['T']} tensors "
+            f"holding {share:.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--today", type=Path, help="a checkout of the commit the issue started from")
+    parser.add_argument("--goals", default="1,2,3,4,5", help="comma-separated goals to measure")
+    parser.add_argument("--steps", type=int, default=60, help="goal 1: simulate steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool", type=int, default=10_000_000, help="goal 4: prompts in the pool")
+    parser.add_argument("--rounds", type=int, default=5, help="goal 4: timed steps per policy")
+    parser.add_argument("--policies", default="l2rr,greso", help="goal 4: policies to time")
+    parser.add_argument("--size-mb", type=int, default=100, help="goal 3: checkpoint size")
+    parser.add_argument("--json", type=Path, help="also write every raw figure here")
+    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.measure, args)))
+        return 0
+    goals = [int(g) for g in args.goals.split(",") if g.strip()]
+    trees = {"now": ROOT} | ({"today": args.today.resolve()} if args.today else {})
+    results: dict[str, dict[int, dict]] = {name: {} for name in trees}
+    for goal in goals:  # both trees per goal, one after the other: the load they see is alike
+        for name, tree in trees.items():
+            print(f"goal {goal} in {name} ({tree}) ...", file=sys.stderr, flush=True)
+            results[name][goal] = run_goal(goal, tree, args)
+            if args.json:  # after every goal: a run cut short keeps what it measured
+                args.json.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
+    print(f"this tree: {ROOT} ({_commit(ROOT)}); today: {args.today or '-'}")
+    for line in report(results):
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
+    return 0 if all("error" not in r for tree in results.values() for r in tree.values()) else 1
+
+
+def _commit(tree: Path) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "not a git checkout"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
