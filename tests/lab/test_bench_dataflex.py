@@ -131,6 +131,19 @@ def test_table_1_shows_the_three_domain_means_not_the_nine_benchmarks(bench):
     assert "| logic | math | text | Bal. avg |" in header and "math_add" not in header
 
 
+def test_the_control_learning_figure_shows_training_reward_per_domain_and_benchmarks_before_and_after(bench):
+    _, records, report, results = bench
+    uniform = results["testbeds"]["dataflex"]["methods"]["uniform"]
+    reward = uniform["training_reward"]
+    assert reward["steps"] == [0, 1, 2, 3] and reward["mean"] == pytest.approx([0.1] * 4)
+    # the domain's series is the mean of its tasks' rewards (the fake: add = step / 4, mul = 0)
+    assert reward["domains"]["math"] == pytest.approx([s / 8 for s in range(4)])
+    assert reward["domains"]["logic"] == pytest.approx([0.5] * 4)
+    before = {r["seed"]: r["summary"]["target_domain_accuracy_before"] for r in records if r["label"] == "uniform"}
+    assert {int(s): v["domains_before"] for s, v in uniform["per_seed"].items()} == before
+    assert "(control_learning_dataflex.png)" in report
+
+
 def test_the_dataflex_profiles_run_the_twelve_configurations_beside_the_baselines():
     full, breadth = load_profile("dataflex"), load_profile("dataflex_breadth")
     assert len(full.seeds) == 12 and breadth.seeds == [0, 1, 2] and full.testbeds == breadth.testbeds == ["dataflex"]
