@@ -310,11 +310,18 @@ def _summary_by_seed(seeds: dict[int, dict[str, Any]], name: str) -> dict[int, f
 
 def evaluation_sensitivity(methods: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     """Per summary: the main methods' mean scores, their spread (max - min), and Spearman's rho of
-    their ranking against the domain-balanced ranking (DataFlex-RL's Table 8)."""
-    main = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
+    their ranking against the domain-balanced ranking (DataFlex-RL's Table 8).
+
+    Only methods with results on every seed any main method has are ranked: a mean over fewer
+    seeds is a mean over other initial policies, so it would rank seeds, not methods. The
+    methods left out are listed."""
+    with_results = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
+    all_seeds = sorted({s for m in with_results.values() for s in m["seeds_ok"]})
+    main = {label: m for label, m in with_results.items() if m["seeds_ok"] == all_seeds}
     scores = {name: {label: m["summaries"][name]["mean"] for label, m in main.items()
                      if m["summaries"][name]["mean"] is not None} for name in names}
-    out: dict[str, Any] = {"methods": list(main), "summaries": {}}  # in spec order
+    out: dict[str, Any] = {"methods": list(main), "seeds": all_seeds,  # in spec order
+                           "left_out": [label for label in with_results if label not in main], "summaries": {}}
     for name in names:
         rho, n = stats.spearman(scores[DOMAIN_BALANCED], scores[name])
         values = list(scores[name].values())
