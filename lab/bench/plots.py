@@ -7,7 +7,10 @@
 - sampling_share_<tb>.png (Figure 1): the L2RR sampler's mass per cluster over training and
   the waste counter per cluster, both mean over seeds;
 - family_deltas_<tb>.png (DataFlex-RL's Tables 4-5): each selection, reweighting and mixture
-  row's paired difference to the control with its 95% t interval, grouped by family.
+  row's paired difference to the control with its 95% t interval, grouped by family;
+- control_learning_<tb>.png: does the control learn on this testbed? Its training reward per
+  source domain over the steps, and its target test accuracy per benchmark before and after
+  GRPO, both mean over seeds.
 """
 
 from __future__ import annotations
@@ -117,6 +120,39 @@ def family_deltas(tb: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def control_learning(tb: dict[str, Any], control: str, path: Path) -> Path | None:
+    entry = tb["methods"].get(control) or {}
+    reward, per_seed = entry.get("training_reward"), entry.get("per_seed") or {}
+    if not reward or not per_seed:
+        return None
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(reward["steps"], reward["mean"], color="black", linewidth=2, label="all domains")
+    for domain, series in reward["domains"].items():
+        left.plot(reward["steps"], [float("nan") if v is None else v for v in series], label=domain, alpha=0.8)
+    left.set_xlabel("step")
+    left.set_ylabel("training reward (mean over seeds)")
+    left.set_title(f"{control}: training reward per source domain")
+    left.legend(fontsize="small")
+    families = tb.get("benchmark_families") or {}
+    benchmarks = sorted({b for v in per_seed.values() for b in v["domains"]}, key=lambda b: (families.get(b, b), b))
+
+    def mean_over_seeds(key: str, benchmark: str) -> float:
+        values = [v[key][benchmark] for v in per_seed.values() if benchmark in v.get(key, {})]
+        return 100 * sum(values) / len(values) if values else float("nan")
+
+    x = range(len(benchmarks))
+    right.bar([i - 0.2 for i in x], [mean_over_seeds("domains_before", b) for b in benchmarks], width=0.4,
+              label="before GRPO", color="lightgrey")
+    right.bar([i + 0.2 for i in x], [mean_over_seeds("domains", b) for b in benchmarks], width=0.4,
+              label="after GRPO", color="tab:blue")
+    right.set_xticks(list(x), benchmarks, rotation=45, ha="right", fontsize="small")
+    right.set_ylabel("target test accuracy (%), mean over seeds")
+    right.set_title(f"{control}: per benchmark, {len(per_seed)} seeds ({tb['testbed']})")
+    right.legend(fontsize="small")
+    return _save(fig, path)
+
+
 def write_plots(results: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
     """Write every figure that has data; returns {testbed key: {title: path relative to out}}."""
     out = Path(out)
@@ -127,6 +163,8 @@ def write_plots(results: dict[str, Any], out: Path) -> dict[str, dict[str, str]]
             "Figure 2: λ sweep": lambda_sweep(tb, out / f"lambda_sweep_{key}.png"),
             "Figure 1: sampling share and waste per cluster": sampling_share(tb, out / f"sampling_share_{key}.png"),
             "DataFlex-RL's three families: paired Δ vs control": family_deltas(tb, out / f"family_deltas_{key}.png"),
+            "Does the control learn here? Training reward and per-benchmark accuracy": control_learning(
+                tb, results["control"], out / f"control_learning_{key}.png"),
         }
         figures[key] = {title: path.name for title, path in made.items() if path is not None}
     return figures

@@ -144,7 +144,11 @@ def _sensitivity_section(tb: dict[str, Any], control: str) -> list[str]:
     for name, members in tb.get("named_summaries", {}).items():
         described[name] = "mean over " + ", ".join(members)
     lines = ["", "### Evaluation summaries of the same runs, and their rank agreement", "",
-             (f"Over the {len(sensitivity['methods'])} main methods with results. **ρ** is Spearman's rank "
+             (f"Over the {len(sensitivity['methods'])} main methods with results on every seed "
+              f"({', '.join(str(s) for s in sensitivity.get('seeds', []))})"
+              + (f"; left out, with fewer seeds: {', '.join(sensitivity['left_out'])}"
+                 if sensitivity.get("left_out") else "")
+              + ". **ρ** is Spearman's rank "
               "correlation of the methods' mean scores under a summary with their domain-balanced scores; "
               "**spread** is the best minus the worst method mean (pp)."), "",
              "| Summary | Definition | ρ vs domain-balanced | Spread (pp) | Best method |", "|---|---|---|---|---|"]

@@ -86,6 +86,7 @@ def per_seed_values(summary: dict[str, Any], design: SummaryDesign | None = None
         "families": stats.family_means(domains, families),
         "summaries": summaries,
         "accuracy_before": summary.get("target_accuracy_before"),
+        "domains_before": dict(sorted(before.items())),
         "balanced_before": stats.family_balanced(before, families) if before else summary.get("target_accuracy_before"),
         "rollouts": summary["rollouts"],
         "epsilon_spent": summary.get("epsilon_spent"),
@@ -135,6 +136,35 @@ def policy_dynamics(per_seed_metrics: Sequence[Sequence[dict[str, Any]]]) -> dic
             values = [t[step].get(key) for t in tables if t[step].get(key) is not None]
             series.append(sum(values) / len(values) if values else None)
         out[kind][cluster] = series
+    return out
+
+
+def training_reward(per_seed_metrics: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Mean over seeds of the training reward at each step every seed logged: overall
+    (reward_mean) and per source domain (the mean of the domain's reward/<domain>:<task> keys
+    logged that step; a task with no rollouts that step is absent, not zero)."""
+    tables = [{int(r["step"]): r for r in metrics if r.get("kind") == "train" and "step" in r}
+              for metrics in per_seed_metrics]
+    if not tables or not all(tables):
+        return None
+    steps = sorted(set.intersection(*(set(t) for t in tables)))
+    if not steps or any(t[step].get("reward_mean") is None for t in tables for step in steps):
+        return None
+
+    def domain_mean(record: dict[str, Any], domain: str) -> float | None:
+        values = [v for k, v in record.items() if k.startswith(f"reward/{domain}:") and v is not None]
+        return sum(values) / len(values) if values else None
+
+    domains = sorted({k.split("/", 1)[1].split(":", 1)[0] for t in tables for r in t.values() for k in r
+                      if k.startswith("reward/") and ":" in k})
+    out: dict[str, Any] = {"steps": steps, "mean": [sum(t[s]["reward_mean"] for t in tables) / len(tables)
+                                                    for s in steps], "domains": {}}
+    for domain in domains:
+        series = []
+        for step in steps:
+            values = [v for v in (domain_mean(t[step], domain) for t in tables) if v is not None]
+            series.append(sum(values) / len(values) if values else None)
+        out["domains"][domain] = series
     return out
 
 
@@ -259,6 +289,9 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             }
         control_by_seed = {s: v["balanced"] for s, v in control.items()}
         entry["reach_control"] = _reach(entry["curve"], curves, control_final, control_by_seed)
+        reward = training_reward([metrics[s] for s in sorted(metrics)])  # None: no train records
+        if reward is not None:
+            entry["training_reward"] = reward
         dynamics = policy_dynamics([metrics[s] for s in sorted(metrics)])  # None: no q/waste metrics
         if dynamics is not None:
             entry["dynamics"] = dynamics
@@ -277,11 +310,18 @@ def _summary_by_seed(seeds: dict[int, dict[str, Any]], name: str) -> dict[int, f
 
 def evaluation_sensitivity(methods: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     """Per summary: the main methods' mean scores, their spread (max - min), and Spearman's rho of
-    their ranking against the domain-balanced ranking (DataFlex-RL's Table 8)."""
-    main = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
+    their ranking against the domain-balanced ranking (DataFlex-RL's Table 8).
+
+    Only methods with results on every seed any main method has are ranked: a mean over fewer
+    seeds is a mean over other initial policies, so it would rank seeds, not methods. The
+    methods left out are listed."""
+    with_results = {label: m for label, m in methods.items() if m["group"] == "main" and m["seeds_ok"]}
+    all_seeds = sorted({s for m in with_results.values() for s in m["seeds_ok"]})
+    main = {label: m for label, m in with_results.items() if m["seeds_ok"] == all_seeds}
     scores = {name: {label: m["summaries"][name]["mean"] for label, m in main.items()
                      if m["summaries"][name]["mean"] is not None} for name in names}
-    out: dict[str, Any] = {"methods": list(main), "summaries": {}}  # in spec order
+    out: dict[str, Any] = {"methods": list(main), "seeds": all_seeds,  # in spec order
+                           "left_out": [label for label in with_results if label not in main], "summaries": {}}
     for name in names:
         rho, n = stats.spearman(scores[DOMAIN_BALANCED], scores[name])
         values = list(scores[name].values())

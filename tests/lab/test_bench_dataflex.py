@@ -131,6 +131,19 @@ def test_table_1_shows_the_three_domain_means_not_the_nine_benchmarks(bench):
     assert "| logic | math | text | Bal. avg |" in header and "math_add" not in header
 
 
+def test_the_control_learning_figure_shows_training_reward_per_domain_and_benchmarks_before_and_after(bench):
+    _, records, report, results = bench
+    uniform = results["testbeds"]["dataflex"]["methods"]["uniform"]
+    reward = uniform["training_reward"]
+    assert reward["steps"] == [0, 1, 2, 3] and reward["mean"] == pytest.approx([0.1] * 4)
+    # the domain's series is the mean of its tasks' rewards (the fake: add = step / 4, mul = 0)
+    assert reward["domains"]["math"] == pytest.approx([s / 8 for s in range(4)])
+    assert reward["domains"]["logic"] == pytest.approx([0.5] * 4)
+    before = {r["seed"]: r["summary"]["target_domain_accuracy_before"] for r in records if r["label"] == "uniform"}
+    assert {int(s): v["domains_before"] for s, v in uniform["per_seed"].items()} == before
+    assert "(control_learning_dataflex.png)" in report
+
+
 def test_the_dataflex_profiles_run_the_twelve_configurations_beside_the_baselines():
     full, breadth = load_profile("dataflex"), load_profile("dataflex_breadth")
     assert len(full.seeds) == 12 and breadth.seeds == [0, 1, 2] and full.testbeds == breadth.testbeds == ["dataflex"]
@@ -152,3 +165,23 @@ def test_the_dataflex_profiles_run_the_twelve_configurations_beside_the_baseline
     # Seeds 0-2 of the full profile are the breadth runs (same config hash): one can extend the other.
     full_hashes = {(r.label, r.seed): r.config_hash for r in plan_runs(full) if r.seed < 3}
     assert all(full_hashes[(r.label, r.seed)] == r.config_hash for r in runs)
+
+
+def test_the_rank_correlation_ranks_only_methods_with_every_seed():
+    """A mean over fewer seeds is a mean over other initial policies: such a method is left out
+    of the rankings (and named), not ranked against means over all seeds."""
+    from lab.bench.results import evaluation_sensitivity
+
+    def method(seeds, balanced, heavy):
+        return {"group": "main", "seeds_ok": seeds,
+                "summaries": {"domain_balanced": {"mean": balanced}, "math_heavy": {"mean": heavy}}}
+
+    methods = {"uniform": method([0, 1, 2], 0.40, 0.30), "a": method([0, 1, 2], 0.42, 0.29),
+               "b": method([0, 1, 2], 0.44, 0.31), "partial": method([0], 0.50, 0.10),
+               "ablation": {**method([0, 1, 2], 0.1, 0.9), "group": "ablation"}}
+    result = evaluation_sensitivity(methods, ["domain_balanced", "math_heavy"])
+    assert result["methods"] == ["uniform", "a", "b"] and result["left_out"] == ["partial"]
+    assert result["seeds"] == [0, 1, 2]
+    heavy = result["summaries"]["math_heavy"]
+    assert heavy["n_methods"] == 3 and heavy["rho_vs_domain_balanced"] == pytest.approx(0.5)
+    assert heavy["best"] == "b"

@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
     lines.append(before)
     for step in range(args.steps):
         rollouts += per_step
-        record = {"kind": "train", "step": step, "rollouts_cumulative": rollouts, "reward_mean": 0.1}
+        record = {"kind": "train", "step": step, "rollouts_cumulative": rollouts, "reward_mean": 0.1,
+                  "reward/math:add": step / args.steps, "reward/math:mul": 0.0, "reward/logic:aiw": 0.5}
         if args.method == "l2rr":
             for i, cluster in enumerate(CLUSTERS):
                 record[f"q/{cluster}"] = (1 + i * step / args.steps) / (len(CLUSTERS) + 1.5 * step / args.steps)
