@@ -40,6 +40,7 @@ testbed = "{TESTBED}"
 eval_size = 0
 [policy]
 name = "l2rr"
+max_staleness = 0  # synchronous queries: the step an owner is found lost is exact
 batch_size = 4
 rollouts_per_prompt = 2
 [rollout]
@@ -76,7 +77,8 @@ def test_three_owners_one_killed_mid_run_training_finishes_on_the_other_two(tmp_
     assert json.loads((run_dir / "summary.json").read_text())["owners_lost"] == summary["owners_lost"]
     lost = summary["owners_lost"]
     assert [entry["owner"] for entry in lost] == ["owner1"]
-    assert lost[0]["step"] == 2 and "unreachable" in lost[0]["reason"]  # the first step after the kill
+    # killed after step 2's update: step 3's query is the first to find it gone
+    assert lost[0]["step"] == 3 and "unreachable" in lost[0]["reason"]
     owners = summary["owners"]
     assert owners["owner0"]["target_domains"] == ["add"] and owners["owner2"]["target_domains"] == ["sub"]
     for name in ("owner0", "owner2"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class FlowerOwnerClient:
         self.name = name
         self.timeout_s = timeout_s
         self.closed = False
+        self.last_upload_bytes = 0  # what the latest upload sent (the run summary adds it up)
 
     def _ask(self, action: str, records: dict[str, Any]) -> Any:
         from flwr.app import Message, RecordDict
@@ -89,13 +91,16 @@ class FlowerOwnerClient:
     def budget(self) -> pb.GetBudgetResponse:
         return pb.GetBudgetResponse.FromString(self._ask("budget", {})["response"])
 
-    def upload(self, model_dir: Path) -> str:
+    def upload(self, model_dir: Path, digests: Mapping[str, str] | None = None) -> str:
+        """Send the whole checkpoint in one message. `digests` (the direct client's content
+        addresses) are not used: this transport has no per-file reuse, so every file travels."""
         from flwr.app import Array, ArrayRecord, ConfigRecord
 
         try:
             arrays, files = wire.encode_checkpoint(Path(model_dir))
         except wire.WireError as error:
             raise FeedbackError(str(error)) from None
+        self.last_upload_bytes = sum(a.nbytes for a in arrays.values()) + sum(len(b) for b in files.values())
         tensors = ArrayRecord({key: Array(array) for key, array in arrays.items()})
         return str(self._ask("upload", {"tensors": tensors, "files": ConfigRecord(files)})["checkpoint_id"])
 
