@@ -29,6 +29,7 @@ from typing import Any
 
 from lab.owner_process import OwnerProcess, init_owner
 from lab.simulate import SimulateOptions, Simulation, prompt_width
+from rlvr_core.configuration import ConfigError
 from rlvr_core.tasks.testbed import TestbedSpec, build_testbed_data, load_testbed
 from trainer_node.feedback.aggregation import AggregationOptions
 from trainer_node.feedback.client import FeedbackError
@@ -45,10 +46,11 @@ TEST_SEED = 20261130  # lab/evaluation.py's: one decoding seed for every test-sp
 def owner_testbeds(spec: TestbedSpec, owners: int) -> list[TestbedSpec]:
     """Owner i's testbed: the same source, and the target entries of the i-th target family
     (a testbed without families: its domains), dealt round-robin when there are more families than
-    owners. More owners than families is refused: every owner has its own target domain."""
+    owners. More owners than families is refused (a ConfigError: the CLI prints it without a
+    traceback): every owner has its own target domain."""
     families = sorted({entry.family_name for entry in spec.target})
     if owners < 1 or owners > len(families):
-        raise ValueError(f"--owners {owners}: testbed {spec.name!r} declares {len(families)} target domain(s) "
+        raise ConfigError(f"--owners {owners}: testbed {spec.name!r} declares {len(families)} target domain(s) "
                          f"({', '.join(families)}); each owner needs its own, so use 1..{len(families)}")
     specs = []
     for index in range(owners):
