@@ -208,3 +208,24 @@ def test_owner_paths_resolve_against_the_config_file_and_one_owner_form_is_uncha
                       'client_key = "c.key"\n')
     one = load_config(single).feedback
     assert one.owner_entries() == [("feedback", one)] and one.ca_cert == tmp_path / "ca.pem"
+
+
+def test_the_several_owners_snippets_of_deploy_md_and_the_default_config_validate(tmp_path):
+    import tomllib
+
+    from trainer_node.config import parse_config
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "DEPLOY.md").read_text().split("*Several owners*")[1]
+    block = doc[doc.index("```toml") + len("```toml"):doc.index("```", doc.index("```toml") + 7)]
+    config = parse_config({"model": {"tiny": True}, **tomllib.loads(block)}, base_dir=tmp_path)
+    assert [o.name for o in config.feedback.owners] == ["hospital_a", "hospital_b"]
+    assert config.feedback.aggregation(config.owners).mixture == {"hospital_a": 2.0, "hospital_b": 1.0}
+    assert config.feedback.owners[1].ca_cert == tmp_path / "tls" / "b-ca.pem"
+    default = (repo / "trainer_node" / "configs" / "train_default.toml").read_text()
+    commented = default.split("# Several owners")[1]
+    from trainer_node.config import OwnerEntry
+
+    for key in OwnerEntry.model_fields:  # every key of an owner's table is shown there
+        assert f"# {key} = " in commented, key
+    assert "# [[feedback.owners]]" in commented and "# [owners]" in commented
