@@ -63,7 +63,7 @@ def write_testbed(spec: TestbedSpec, path: Path) -> Path:
     """A testbed TOML the owner's init reads (arrays of tables for source and target)."""
     from lab.bench.tomlwrite import _value
 
-    data = spec.model_dump(exclude={"summaries"})
+    data = spec.model_dump(exclude={"summaries"}, exclude_none=True)  # an unset optional field (None) is left out
     lines = [f"{key} = {_value(value)}" for key, value in data.items() if key not in ("source", "target")]
     for table in ("source", "target"):
         for entry in data[table]:

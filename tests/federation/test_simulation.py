@@ -76,7 +76,9 @@ def test_three_owners_one_killed_mid_run_training_finishes_on_the_other_two(tmp_
     assert json.loads((run_dir / "summary.json").read_text())["owners_lost"] == summary["owners_lost"]
     lost = summary["owners_lost"]
     assert [entry["owner"] for entry in lost] == ["owner1"]
-    assert lost[0]["step"] == 2 and "unreachable" in lost[0]["reason"]  # the first step after the kill
+    # Lost at the first query after the kill (after 2 steps done): step 2 when L2RR queries in it, later when
+    # that step's groups gave it nothing to learn from (the coin-flip reward decides).
+    assert killed["step"] <= lost[0]["step"] < 5 and "unreachable" in lost[0]["reason"]
     owners = summary["owners"]
     assert owners["owner0"]["target_domains"] == ["add"] and owners["owner2"]["target_domains"] == ["sub"]
     for name in ("owner0", "owner2"):

@@ -89,7 +89,8 @@ class FlowerOwnerClient:
     def budget(self) -> pb.GetBudgetResponse:
         return pb.GetBudgetResponse.FromString(self._ask("budget", {})["response"])
 
-    def upload(self, model_dir: Path) -> str:
+    def upload(self, model_dir: Path, digests: dict[str, str] | None = None) -> str:
+        """`digests` (OwnerClient's hint, known to the writer) is not needed: the files travel whole."""
         from flwr.app import Array, ArrayRecord, ConfigRecord
 
         try:
