@@ -229,3 +229,17 @@ def test_the_several_owners_snippets_of_deploy_md_and_the_default_config_validat
     for key in OwnerEntry.model_fields:  # every key of an owner's table is shown there
         assert f"# {key} = " in commented, key
     assert "# [[feedback.owners]]" in commented and "# [owners]" in commented
+
+
+def test_required_false_and_every_owner_unreachable_trains_without_feedback_naming_each(orgs, model, tmp_path,
+                                                                                        caplog):
+    config = write_config(tmp_path, orgs, [{"name": "a", "target": "127.0.0.1:1"},
+                                           {"name": "b", "target": "127.0.0.1:1"}],
+                          model=model, feedback="required = false")
+    with caplog.at_level("WARNING"):
+        assert main(["train", "--config", str(config), "--no-progress"]) == 0
+    assert "no target owner reachable at start" in caplog.text
+    summary = summary_of(tmp_path)
+    assert [entry["owner"] for entry in summary["owners_lost"]] == ["a", "b"]
+    assert "feedback.owners[1].target: cannot connect" in summary["owners"]["b"]["lost_reason"]
+    assert "feedback_queries" not in summary or summary["feedback_queries"] == 0
