@@ -76,12 +76,14 @@ def run_train(args: argparse.Namespace) -> int:
 def add_check_owner(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check-owner",
-        help="connect to the [feedback] owner: print its task card and budget, exit 0 (ok) or 1",
+        help="connect to the [feedback] owner(s): print each task card and budget, exit 0 (all ok) or 1",
         description=(
             "Check the target owner of a config's [feedback] section the way `train` does at start:\n"
             "the certificate files, a TLS handshake with them (a wrong CA, server name or client\n"
             "certificate is named as such), then GetInfo and GetBudget. Prints the owner's public\n"
-            "task card and privacy budget. Spends nothing. Exit 0 when the owner answers, 1 when not."
+            "task card and privacy budget. Spends nothing. Exit 0 when the owner answers, 1 when not.\n"
+            "With several owners ([[feedback.owners]]) each is checked and reported under its name;\n"
+            "exit 0 only when every one answers."
         ),
         epilog="example:\n  trainer-node check-owner --config my_run.toml   # a run config, or a file with only [feedback]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -94,20 +96,31 @@ def add_check_owner(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_check_owner(args: argparse.Namespace) -> int:
-    from trainer_node.config import load_feedback_section
+    from trainer_node.config import OwnerEntry, load_feedback_section
     from trainer_node.feedback.client import FeedbackError
-    from trainer_node.feedback.preflight import check_owner, describe_owner
+    from trainer_node.feedback.preflight import check_owner, describe_owner, located
 
     try:
         feedback = load_feedback_section(args.config)
-        status = check_owner(feedback.client_settings(), timeout_s=args.timeout)
-    except (ConfigError, FeedbackError) as error:
+    except ConfigError as error:
         print(f"trainer-node check-owner: error: {error}", file=sys.stderr)
         return 1
-    print(f"connected to {feedback.target}")
-    for line in describe_owner(status):
-        print(line)
-    return 0
+    entries = feedback.owner_entries()
+    failed = 0
+    for where, owner in entries:
+        label = f"{owner.name} ({where}): " if isinstance(owner, OwnerEntry) else ""
+        try:
+            status = check_owner(feedback.client_settings_for(owner), timeout_s=args.timeout)
+        except FeedbackError as error:
+            failed += 1
+            print(f"trainer-node check-owner: error: {label}{located(error, where)}", file=sys.stderr)
+            continue
+        print(f"{label}connected to {owner.target}")
+        for line in describe_owner(status):
+            print(f"  {line}" if label else line)
+    if len(entries) > 1:
+        print(f"{len(entries) - failed} of {len(entries)} owners answered")
+    return 1 if failed else 0
 
 
 LAB_COMMANDS = {

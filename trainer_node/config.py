@@ -23,6 +23,7 @@ Defaults fit the tiny CPU setting (a few-million-parameter model, short answers)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from rlvr_core.configuration import (
     ConfigError,
     ConfigPath,
     Section,
+    field_error,
     load_toml,
     validate,
     validate_options,
@@ -241,30 +243,16 @@ class SelectionConfig(Section):
     )
 
 
-class FeedbackConfig(Section):
-    """A remote target owner to learn from (two-party deployment). Absent = no feedback.
+class FeedbackSettingsSection(Section):
+    """What every owner of a run shares: whether one must answer at start, deadlines, decoding, pacing."""
 
-    Certificate paths are relative to the config file's folder. At start `train` checks the
-    files, the TLS handshake and the owner's answer (trainer_node/feedback/preflight.py)."""
-
-    target: str = Field(description="The owner's address, HOST:PORT.")
     required: bool = Field(
         default=True,
         description="Stop with an error when the owner is unreachable or refuses this trainer at start (true), or "
         "train on without feedback when it is unreachable (false). A wrong CA, server name or certificate always "
         "stops the run; a privacy budget that runs out mid-run never does (the summary says when feedback "
-        "stopped and why).",
-    )
-    ca_cert: ConfigPath = Field(
-        description="The OWNER organization's CA certificate (verifies the owner's server certificate)."
-    )
-    client_cert: ConfigPath = Field(
-        description="This trainer's client certificate, issued by a CA the owner trusts."
-    )
-    client_key: ConfigPath = Field(description="The private key of client_cert.")
-    server_name: str | None = Field(
-        default=None, description="TLS name to expect when `target` is an address not named in the server "
-        "certificate."
+        "stopped and why). With several owners ([[feedback.owners]]): true = at least one owner must pass the "
+        "start checks; an owner that fails them is left out and named in the log and summary.json.",
     )
     deadline_s: float = Field(
         default=30.0, gt=0, description="Deadline of GetInfo/GetBudget calls (seconds)."
@@ -293,6 +281,32 @@ class FeedbackConfig(Section):
         "charged)."
     )
 
+    def client_settings_for(self, endpoint: OwnerEndpoint):
+        from trainer_node.feedback.client import ClientSettings
+
+        return ClientSettings(
+            target=endpoint.target, ca_cert=endpoint.ca_cert, client_cert=endpoint.client_cert,
+            client_key=endpoint.client_key, server_name=endpoint.server_name, deadline_s=self.deadline_s,
+            evaluate_deadline_s=self.evaluate_deadline_s, max_attempts=self.max_attempts,
+        )
+
+
+class OwnerEndpoint(Section):
+    """Where one target owner serves and the mTLS files to reach it (paths relative to the config file)."""
+
+    target: str = Field(description="The owner's address, HOST:PORT.")
+    ca_cert: ConfigPath = Field(
+        description="The OWNER organization's CA certificate (verifies the owner's server certificate)."
+    )
+    client_cert: ConfigPath = Field(
+        description="This trainer's client certificate, issued by a CA the owner trusts."
+    )
+    client_key: ConfigPath = Field(description="The private key of client_cert.")
+    server_name: str | None = Field(
+        default=None, description="TLS name to expect when `target` is an address not named in the server "
+        "certificate."
+    )
+
     @field_validator("target")
     @classmethod
     def _host_port(cls, target: str) -> str:
@@ -301,14 +315,87 @@ class FeedbackConfig(Section):
             raise ValueError(f"must be HOST:PORT, got {target!r}")
         return target
 
-    def client_settings(self):
-        from trainer_node.feedback.client import ClientSettings
 
-        return ClientSettings(
-            target=self.target, ca_cert=self.ca_cert, client_cert=self.client_cert, client_key=self.client_key,
-            server_name=self.server_name, deadline_s=self.deadline_s,
-            evaluate_deadline_s=self.evaluate_deadline_s, max_attempts=self.max_attempts,
-        )
+class FeedbackConfig(OwnerEndpoint, FeedbackSettingsSection):
+    """A remote target owner to learn from (two-party deployment). Absent = no feedback.
+
+    Certificate paths are relative to the config file's folder. At start `train` checks the
+    files, the TLS handshake and the owner's answer (trainer_node/feedback/preflight.py)."""
+
+    def owner_entries(self) -> list[tuple[str, OwnerEndpoint]]:
+        """(where in the config, endpoint) of each owner: here the one [feedback] owner."""
+        return [("feedback", self)]
+
+    def client_settings(self):
+        return self.client_settings_for(self)
+
+
+OWNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a summary key and a folder name
+
+
+class OwnerEntry(OwnerEndpoint):
+    """One of several owners ([[feedback.owners]]): the single-owner connection keys, a name, a weight."""
+
+    name: str = Field(
+        description="The owner's name in logs and summary.json, and its folder under checkpoints_sent/ "
+        "(letters, digits, _ . -; unique)."
+    )
+    weight: float | None = Field(
+        default=None, ge=0,
+        description="This owner's weight in a declared target mixture (set on every owner or none; with weights "
+        "the aggregation is `mixture` unless [owners] names one). Absent: [owners] decides (default: by each "
+        "owner's public held-out size).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:
+        if not OWNER_NAME.match(name):
+            raise ValueError(f"must be 1-64 letters, digits, '_', '.' or '-', not starting with a symbol; "
+                             f"got {name!r}")
+        return name
+
+
+class OwnersFeedbackConfig(FeedbackSettingsSection):
+    """Several remote target owners ([[feedback.owners]] entries); the settings in [feedback] apply to each."""
+
+    owners: list[OwnerEntry] = Field(
+        min_length=1,
+        description="One table per owner: name, target, ca_cert, client_cert, client_key, optional server_name "
+        "and weight. Each owner has its own budget and pacer; [owners] says how their releases combine.",
+    )
+
+    @field_validator("owners")
+    @classmethod
+    def _unique_and_weighted_alike(cls, owners: list[OwnerEntry]) -> list[OwnerEntry]:
+        seen: dict[str, int] = {}
+        for index, owner in enumerate(owners):
+            if owner.name in seen:
+                raise field_error("OwnerEntry", (index, "name"), "value_error",
+                                  f"{owner.name!r} is already the name of feedback.owners[{seen[owner.name]}]; "
+                                  "give each owner its own name", owner.name)
+            seen[owner.name] = index
+        weighted = [owner.weight is not None for owner in owners]
+        if any(weighted) and not all(weighted):
+            index = weighted.index(False)
+            raise field_error("OwnerEntry", (index, "weight"), "value_error",
+                              "set a weight on every owner or on none (a declared mixture names every owner)", None)
+        if all(weighted) and not sum(owner.weight for owner in owners):
+            raise field_error("OwnerEntry", (0, "weight"), "value_error",
+                              "the weights are all zero; give at least one owner a weight > 0", owners[0].weight)
+        return owners
+
+    def owner_entries(self) -> list[tuple[str, OwnerEndpoint]]:
+        return [(f"feedback.owners[{index}]", owner) for index, owner in enumerate(self.owners)]
+
+    def aggregation(self, declared: AggregationOptions | None) -> AggregationOptions:
+        """[owners] with the owners' weights as its mixture (the mixture aggregation when [owners] names none)."""
+        weights = {owner.name: owner.weight for owner in self.owners if owner.weight is not None}
+        if not weights:
+            return declared or AggregationOptions()
+        base = declared.model_dump(exclude_unset=True) if declared is not None else {}
+        base.setdefault("name", "mixture")
+        return AggregationOptions(**{**base, "mixture": weights})
 
 
 def _default_policy() -> PolicyOptions:
@@ -333,8 +420,9 @@ class TrainConfig(Section):
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout generation.")
     run: RunConfig = Field(default_factory=RunConfig, description="Length, seed, outputs, device.")
-    feedback: FeedbackConfig | None = Field(
-        default=None, description="A remote target owner (absent = none)."
+    feedback: FeedbackConfig | OwnersFeedbackConfig | None = Field(
+        default=None, description="A remote target owner (absent = none), or several: [[feedback.owners]] "
+        "entries, each with the single owner's connection keys plus name and weight.",
     )
     selection: SelectionConfig = Field(
         default_factory=SelectionConfig, description="Checkpoint selection by feedback."
@@ -353,8 +441,20 @@ class TrainConfig(Section):
 
         return parse_policy_options(value)
 
+    @field_validator("feedback", mode="wrap")
+    @classmethod
+    def _one_or_several_owners(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        # Keyed on `owners`: [[feedback.owners]] entries are the several-owner form, else one owner.
+        if isinstance(value, Mapping) and "owners" in value:
+            return OwnersFeedbackConfig.model_validate(value, context=info.context)
+        if isinstance(value, Mapping):
+            return FeedbackConfig.model_validate(value, context=info.context)
+        return handler(value)
+
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
+        if isinstance(self.feedback, OwnersFeedbackConfig):
+            check_aggregation(self.feedback, self.owners)
         if self.grpo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be smaller than "
@@ -371,6 +471,27 @@ class TrainConfig(Section):
         path = run_dir / "resolved_config.json"
         path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
         return path
+
+
+def check_aggregation(feedback: OwnersFeedbackConfig, declared: AggregationOptions | None) -> None:
+    """[owners] against the configured owners, at load: a mixture names every owner, per_owner one of them,
+    and declared weights are the weights the aggregation gives (not silently ignored by another one)."""
+    from trainer_node.feedback.aggregation import AGGREGATIONS
+
+    if declared is not None and declared.mixture and any(o.weight is not None for o in feedback.owners):
+        raise ValueError("owners.mixture and feedback.owners[].weight: declare the mixture once (the owners' "
+                         "weights, or owners.mixture)")
+    options = feedback.aggregation(declared)
+    # Distinct probe sizes: an aggregation that weights by held-out size cannot match declared weights by chance.
+    sizes = {owner.name: 100 + 7 * index for index, owner in enumerate(feedback.owners)}
+    weights = AGGREGATIONS.get(options.name)(sizes, options)
+    declared_weights = {o.name: o.weight for o in feedback.owners if o.weight is not None}
+    if declared_weights:
+        total = sum(declared_weights.values())
+        if any(abs(weights[name] - w / total) > 1e-9 for name, w in declared_weights.items()):
+            raise ValueError(f"feedback.owners[0].weight: aggregation {options.name!r} ([owners] name) does not "
+                             "weight the owners by their declared weights; remove the weights, or the name to "
+                             "use them as the target mixture")
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -405,17 +526,19 @@ def parse_config(
     return validate(TrainConfig, raw, source=source or "(dict)", reference=REFERENCE, base_dir=base_dir)
 
 
-def load_feedback_section(path: Path | str) -> FeedbackConfig:
-    """The [feedback] section of a TOML file (a run config, or a file holding only that section),
-    paths resolved against the file's folder; ConfigError when it has none or it is invalid."""
+def load_feedback_section(path: Path | str) -> FeedbackConfig | OwnersFeedbackConfig:
+    """The [feedback] section of a TOML file (a run config, or a file holding only that section; one
+    owner, or several [[feedback.owners]]), paths resolved against the file's folder; ConfigError when it
+    has none or it is invalid."""
     path = Path(path).expanduser()
     raw = load_toml(path)
     section = raw.get("feedback")
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{path}: no [feedback] section (target, ca_cert, client_cert, client_key); see "
-                          "docs/DEPLOY.md step 7")
+        raise ConfigError(f"{path}: no [feedback] section (target, ca_cert, client_cert, client_key, or "
+                          "[[feedback.owners]] entries); see docs/DEPLOY.md step 7")
+    model = OwnersFeedbackConfig if "owners" in section else FeedbackConfig
     try:
-        return FeedbackConfig.model_validate(section, context={"base_dir": path.resolve().parent})
+        return model.model_validate(section, context={"base_dir": path.resolve().parent})
     except ValidationError as error:
         from rlvr_core.configuration import format_errors
 

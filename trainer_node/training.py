@@ -28,7 +28,7 @@ import torch
 
 from rlvr_core.tasks.example import Example
 from rlvr_core.tasks.rendering import Rendering, RenderingError
-from trainer_node.config import ConfigError, DataConfig, ModelConfig, TrainConfig
+from trainer_node.config import ConfigError, DataConfig, FeedbackConfig, ModelConfig, TrainConfig
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
@@ -300,14 +300,15 @@ def check_trainable(config: TrainConfig) -> None:
 
 
 def start_owner(config: TrainConfig) -> OwnerStatus | None:
-    """Check the [feedback] owner before anything is built (None without [feedback]).
+    """Check the [feedback] owner before anything is built (None without [feedback], or with several
+    owners: see start_owners).
 
     Raises OwnerStartError naming the setting when the owner is misconfigured or refuses this
     trainer, and when it is unreachable unless `feedback.required = false` (then a warning)."""
-    from trainer_node.feedback.preflight import OwnerStartError, OwnerUnreachable, check_owner, describe_owner
+    from trainer_node.feedback.preflight import OwnerStartError, OwnerUnreachable, check_owner
 
     fb = config.feedback
-    if fb is None:
+    if not isinstance(fb, FeedbackConfig):
         return None
     try:
         status = check_owner(fb.client_settings())
@@ -317,14 +318,80 @@ def start_owner(config: TrainConfig) -> OwnerStatus | None:
                                   "feedback.required = false to train on without it") from None
         log.warning("%s; feedback.required = false: training goes on, feedback queries retry later", error)
         return None
+    _log_owner("feedback", status)
+    return status
+
+
+def _log_owner(where: str, status: OwnerStatus) -> None:
+    from trainer_node.feedback.preflight import OwnerStartError, describe_owner
+
     try:
         Rendering.from_info(status.info)
     except RenderingError as error:
-        raise OwnerStartError(f"feedback.target: the owner publishes a rendering this trainer cannot reproduce "
+        raise OwnerStartError(f"{where}.target: the owner publishes a rendering this trainer cannot reproduce "
                               f"({error}); ask the owner to fix data.chat_format / chat_template_path") from None
     for line in describe_owner(status):
-        log.info("%s", line)
-    return status
+        log.info("%s%s", "" if where == "feedback" else f"{where}: ", line)
+
+
+@dataclass(frozen=True)
+class OwnersAtStart:
+    """[[feedback.owners]] after the start checks: the owners that passed, and why each other one failed."""
+
+    passed: dict[str, OwnerStatus]
+    failed: dict[str, str]
+
+    def rendering(self) -> Rendering | None:
+        """The published rendering prompts follow: the first passing owner's (a warning names any that differ)."""
+        renderings = {name: Rendering.from_info(status.info) for name, status in self.passed.items()}
+        if not renderings:
+            return None
+        first, rendering = next(iter(renderings.items()))
+        for name, other in renderings.items():
+            if other != rendering:
+                log.warning("owner %r publishes another rendering than %r (%s vs %s); prompts are rendered as %r "
+                            "publishes, so %r scores slightly different text", name, first, other.describe(),
+                            rendering.describe(), first, name)
+        return rendering
+
+
+def start_owners(config: TrainConfig) -> OwnersAtStart | None:
+    """Check each of several owners ([[feedback.owners]]) as `start_owner` checks one; None otherwise.
+
+    An owner that fails (misconfigured, refusing, unreachable) is left out of the run, with a warning
+    naming its fields (`feedback.owners[1].ca_cert: ...`). With none passing: OwnerStartError naming each
+    owner's failure when `feedback.required` (the default) or when any failure is a misconfiguration;
+    with `required = false` and every owner unreachable, training goes on without feedback."""
+    from trainer_node.config import OwnersFeedbackConfig
+    from trainer_node.feedback.preflight import OwnerStartError, OwnerUnreachable, check_owner, located
+
+    fb = config.feedback
+    if not isinstance(fb, OwnersFeedbackConfig):
+        return None
+    passed: dict[str, OwnerStatus] = {}
+    failed: dict[str, str] = {}
+    misconfigured = False
+    for (where, _), owner in zip(fb.owner_entries(), fb.owners, strict=True):
+        try:
+            status = check_owner(fb.client_settings_for(owner))
+            _log_owner(where, status)
+        except OwnerStartError as error:
+            failed[owner.name] = str(located(error, where))
+            misconfigured |= not isinstance(error, OwnerUnreachable)
+            log.warning("target owner %r left out at start: %s", owner.name, failed[owner.name])
+            continue
+        passed[owner.name] = status
+    if not passed and (fb.required or misconfigured):
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in failed.items())
+        rule = ("at least one owner must pass (feedback.required = true; false trains on without feedback when "
+                "every owner is unreachable)" if fb.required else "a misconfigured owner stops the run")
+        raise OwnerStartError(f"no target owner passed the start checks, {rule}. {reasons}")
+    if not passed:
+        log.warning("no target owner reachable at start; feedback.required = false: training goes on without "
+                    "feedback")
+    elif failed:
+        log.warning("training with %s; left out: %s", ", ".join(passed), ", ".join(failed))
+    return OwnersAtStart(passed, failed)
 
 
 def check_owner_accepts_model(setup: TrainingSetup) -> None:
@@ -345,13 +412,19 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
 
     check_trainable(config)
     owner = start_owner(config)
-    setup = build_training(config, owner_rendering=Rendering.from_info(owner.info) if owner else None)
+    several = start_owners(config)
+    rendering = several.rendering() if several else (Rendering.from_info(owner.info) if owner else None)
+    setup = build_training(config, owner_rendering=rendering)
     trainer = setup.trainer
     run_dir = Path(config.run.out_dir)
     feedback = hook = None
-    if config.feedback is not None:
+    if isinstance(config.feedback, FeedbackConfig):
         check_owner_accepts_model(setup)
         feedback = connect_feedback(setup, TargetFeedbackClient(config.feedback.client_settings()), run_dir)
+        hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
+    elif several is not None and several.passed:
+        check_owner_accepts_model(setup)
+        feedback = connect_several(setup, several, run_dir)
         hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     config.save_resolved(run_dir)
     if resume is not None:
@@ -368,7 +441,54 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
             feedback.client.close()
     extra = {"final_checkpoint": str(result.final_checkpoint), "model_dir": str(setup.model_dir),
              "rendering": setup.rendering.describe() if setup.rendering else None, **result.feedback.summary}
+    if several is not None:  # each owner's releases, spend and loss (none passing: every one left out)
+        extra.update(feedback.summary() if feedback is not None else
+                     {"owners": {name: {"lost_step": 0, "lost_reason": why} for name, why in several.failed.items()},
+                      "owners_lost": [{"owner": n, "step": 0, "reason": why} for n, why in several.failed.items()]})
     return output.close(extra=extra)
+
+
+def feedback_settings(config: TrainConfig) -> Any:
+    """Decoding and pacing of every owner's queries, from [feedback] (greedy, one sample, every step without)."""
+    from trainer_node.feedback.context import FeedbackSettings
+
+    fb = config.feedback
+    return FeedbackSettings(
+        total_steps=config.run.steps, max_new_tokens=config.rollout.max_new_tokens, seed=config.run.seed,
+        reserve_queries=1 if config.selection.every else 0,
+        **({"samples_per_prompt": fb.samples_per_prompt, "temperature": fb.temperature,
+            "min_interval": fb.min_interval} if fb is not None else {}),
+    )
+
+
+def connect_several(setup: TrainingSetup, owners: OwnersAtStart, run_dir: Path) -> Any:
+    """A MultiOwnerFeedback (trainer_node/feedback/owners.py) over direct mTLS clients to the owners that
+    passed the start checks; one OwnerFeedback, pacer and budget each. The aggregation ([owners], or the
+    owners' weights) is taken over the owners that passed: a mixture renormalized over them."""
+    from trainer_node.feedback.aggregation import AggregationOptions
+    from trainer_node.feedback.client import TargetFeedbackClient
+    from trainer_node.feedback.owners import connect_owners
+    from trainer_node.feedback.preflight import OwnerStartError
+
+    cfg = setup.config
+    fb = cfg.feedback
+    options = fb.aggregation(cfg.owners)
+    if options.mixture:
+        options = AggregationOptions(**{**options.model_dump(), "mixture": {
+            name: weight for name, weight in options.mixture.items() if name in owners.passed}})
+    clients = {owner.name: TargetFeedbackClient(fb.client_settings_for(owner))
+               for owner in fb.owners if owner.name in owners.passed}
+    try:
+        feedback = connect_owners(clients, setup.trainer, feedback_settings(cfg), run_dir / "checkpoints_sent",
+                                  options, left_out=owners.failed)
+    except ValueError as error:  # the aggregation cannot run on the owners left (e.g. per_owner's owner failed)
+        for client in clients.values():
+            client.close()
+        raise OwnerStartError(f"{error}, with {', '.join(owners.failed)} left out at start "
+                              f"({'; '.join(f'{n}: {why}' for n, why in owners.failed.items())})") from None
+    if setup.policy.uses_target_feedback:
+        setup.trainer.feedback = feedback
+    return feedback
 
 
 def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -> OwnerFeedback:
@@ -380,17 +500,11 @@ def connect_feedback(setup: TrainingSetup, client: OwnerClient, run_dir: Path) -
     training runs, an owner that stops answering is not fatal: training goes on with the
     policy's last state (`run_training` has checked the owner at start).
     """
-    from trainer_node.feedback.context import FeedbackSettings, connect_owner_feedback
+    from trainer_node.feedback.context import connect_owner_feedback
 
     cfg = setup.config
     fb = cfg.feedback
-    settings = FeedbackSettings(
-        total_steps=cfg.run.steps, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.run.seed,
-        reserve_queries=1 if cfg.selection.every else 0,
-        **({"samples_per_prompt": fb.samples_per_prompt, "temperature": fb.temperature,
-            "min_interval": fb.min_interval} if fb is not None else {}),
-    )
-    feedback = connect_owner_feedback(client, setup.trainer, settings, run_dir / "checkpoints_sent")
+    feedback = connect_owner_feedback(client, setup.trainer, feedback_settings(cfg), run_dir / "checkpoints_sent")
     if setup.policy.uses_target_feedback:
         setup.trainer.feedback = feedback
     else:

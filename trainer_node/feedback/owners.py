@@ -65,10 +65,12 @@ class MultiOwnerFeedback:
     options: AggregationOptions
     stats: FeedbackStats = field(default_factory=FeedbackStats)
     stop_reason: str = ""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Owners configured but left out before the first step (name -> why: failed the start checks)."""
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.owners]
-        if len(set(names)) != len(names) or not names:
+        if len(set(names) | set(self.left_out)) != len(names) + len(self.left_out) or not names:
             raise ValueError(f"owners: names must be unique and at least one owner given, got {names}")
         weights = AGGREGATIONS.get(self.options.name)({o.name: o.heldout_size for o in self.owners}, self.options)
         for owner in self.owners:
@@ -164,16 +166,20 @@ class MultiOwnerFeedback:
             "owners": {o.name: {"weight": round(o.weight, 6), "heldout_size": o.heldout_size,
                                 "queries": o.feedback.stats.queries, "failures": o.feedback.stats.failures,
                                 "epsilon_spent": o.feedback.stats.epsilon_spent,
+                                "last_accuracy": o.last_accuracy,
                                 "lost_step": o.lost_step, "lost_reason": o.lost_reason or None}
-                       for o in self.owners},
-            "owners_lost": [{"owner": o.name, "step": o.lost_step, "reason": o.lost_reason}
-                            for o in self.owners if not o.live],
+                       for o in self.owners}
+            | {name: {"weight": 0.0, "queries": 0, "lost_step": 0, "lost_reason": reason}
+               for name, reason in self.left_out.items()},
+            "owners_lost": [{"owner": name, "step": 0, "reason": reason} for name, reason in self.left_out.items()]
+            + [{"owner": o.name, "step": o.lost_step, "reason": o.lost_reason} for o in self.owners if not o.live],
         }
 
 
 def connect_owners(clients: dict[str, Any], trainer: Any, settings: Any, workdir: Any,
-                   options: AggregationOptions) -> MultiOwnerFeedback:
-    """One OwnerFeedback (own pacer) per named client, through the one wiring connect_owner_feedback."""
+                   options: AggregationOptions, left_out: dict[str, str] | None = None) -> MultiOwnerFeedback:
+    """One OwnerFeedback (own pacer) per named client, through the one wiring connect_owner_feedback;
+    `left_out` names the configured owners that failed the start checks (summary: lost at step 0)."""
     from pathlib import Path
 
     from trainer_node.feedback.client import FeedbackError
@@ -187,7 +193,7 @@ def connect_owners(clients: dict[str, Any], trainer: Any, settings: Any, workdir
         except FeedbackError:
             size = 0
         owners.append(Owner(name, feedback, size))
-    return MultiOwnerFeedback(owners, trainer, options)
+    return MultiOwnerFeedback(owners, trainer, options, left_out=dict(left_out or {}))
 
 
 __all__ = ["AGGREGATIONS", "AggregationOptions", "MultiOwnerFeedback", "Owner", "connect_owners"]

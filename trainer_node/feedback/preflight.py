@@ -22,6 +22,7 @@ required = false` tolerates; every other is a misconfiguration and always stops 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import socket
 import ssl
 from dataclasses import dataclass
@@ -102,6 +103,17 @@ def check_owner(settings: ClientSettings, timeout_s: float = CONNECT_TIMEOUT_S) 
             ) from None
         except OwnerUnavailable as error:
             raise OwnerUnreachable(f"feedback.target: the owner at {settings.target} is unavailable ({error})") from None
+
+
+_ENDPOINT_FIELD = re.compile(r"\bfeedback\.(target|ca_cert|client_cert|client_key|server_name)\b")
+
+
+def located(error: FeedbackError, where: str) -> FeedbackError:
+    """The same error naming the owner's own fields: `feedback.ca_cert` -> `feedback.owners[1].ca_cert`
+    (`where`), for an owner of [[feedback.owners]]; unchanged for the one [feedback] owner."""
+    if where == "feedback" or not isinstance(error, OwnerStartError):
+        return error
+    return type(error)(_ENDPOINT_FIELD.sub(lambda m: f"{where}.{m.group(1)}", str(error)))
 
 
 def split_target(target: str) -> tuple[str, int]:
