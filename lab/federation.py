@@ -114,7 +114,8 @@ class FederatedSimulation(Simulation):
                 testbed = write_testbed(spec, owners_dir / f"{name}.testbed.toml")
                 init_owner(folder / "node", str(testbed), dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
                            sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
-                           max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template))
+                           max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template),
+                           feedback_verifier=cfg.simulated_owner.feedback_verifier)  # every owner's, alike
                 processes[name] = OwnerProcess(folder / "node", startup_timeout_s=fed.startup_timeout_s)
                 processes[name].start()
             outcome = self._federate(setup, processes, specs)
