@@ -60,6 +60,9 @@ def test_a_bench_method_sets_it_and_a_bad_one_fails_when_the_spec_loads():
     assert noisy["policy"]["name"] == exact["policy"]["name"] == "l2rr"
     # matched: the two rows differ only in the owner's feedback verifier
     assert {k: v for k, v in noisy.items() if k != "simulated_owner"} == exact
+    only_l2rr = load_profile("noisy_grader_l2rr_short")  # the same runs, alone (docs/RESULTS.md §5)
+    assert [r.config_hash for r in plan_runs(only_l2rr)] == [
+        r.config_hash for r in plan_runs(spec) if r.label.startswith("l2rr_owner")]
     with pytest.raises(BenchSpecError, match=r"simulated_owner\.feedback_verifier\.flip_rate"):
         plan_runs(parse_spec({"name": "x", "seeds": [0], "testbeds": ["noisy"], "steps": 1, "control": "a",
                     "methods": [{"label": "a", "config": {"simulated_owner": {
