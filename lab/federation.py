@@ -61,13 +61,14 @@ def owner_testbeds(spec: TestbedSpec, owners: int) -> list[TestbedSpec]:
 
 def write_testbed(spec: TestbedSpec, path: Path) -> Path:
     """A testbed TOML the owner's init reads (arrays of tables for source and target)."""
-    from lab.bench.tomlwrite import _value
+    from lab.bench.tomlwrite import toml_value
 
-    data = spec.model_dump(exclude={"summaries"})
-    lines = [f"{key} = {_value(value)}" for key, value in data.items() if key not in ("source", "target")]
+    # TOML has no null: a field left None (e.g. source_grader) is omitted and reads back as its default
+    data = spec.model_dump(exclude={"summaries"}, exclude_none=True)
+    lines = [f"{key} = {toml_value(value)}" for key, value in data.items() if key not in ("source", "target")]
     for table in ("source", "target"):
         for entry in data[table]:
-            lines += ["", f"[[{table}]]"] + [f"{key} = {_value(value)}" for key, value in entry.items()]
+            lines += ["", f"[[{table}]]"] + [f"{key} = {toml_value(value)}" for key, value in entry.items()]
     path.write_text("\n".join(lines) + "\n")
     load_testbed(path)  # what the owner will read: refuse here, naming the file, if it does not round-trip
     return path
