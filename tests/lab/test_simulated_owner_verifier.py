@@ -150,3 +150,13 @@ def test_simulate_sets_the_owner_verifier_and_records_it(tmp_path, capsys):
     owner = load_config(run_dir / "owner" / "config.toml")
     assert owner.data.feedback_verifier == chosen and owner.data.verifier == "per_example"  # the test split: exact
     assert "owner feedback grader" in capsys.readouterr().out
+
+
+def test_train_refuses_it(tmp_path):
+    from tests.lab.test_simulate import _tiny_sim_config
+    from trainer_node.config import load_config as load_train_config
+    from trainer_node.training import run_training
+
+    config = _tiny_sim_config(tmp_path, tmp_path / "run", "uniform")
+    with pytest.raises(ConfigError, match=r"simulated_owner\.feedback_verifier.*Remove it for `train`"):
+        run_training(load_train_config(config, {"simulated_owner.feedback_verifier": "noisy_flip"}), progress=False)
