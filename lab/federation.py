@@ -63,13 +63,14 @@ def owner_testbeds(spec: TestbedSpec, owners: int) -> list[TestbedSpec]:
 
 def write_testbed(spec: TestbedSpec, path: Path) -> Path:
     """A testbed TOML the owner's init reads (arrays of tables for source and target)."""
-    from lab.bench.tomlwrite import _value
+    from lab.bench.tomlwrite import toml_value
 
-    data = spec.model_dump(exclude={"summaries"}, exclude_none=True)  # TOML has no null: absent is the default
-    lines = [f"{key} = {_value(value)}" for key, value in data.items() if key not in ("source", "target")]
+    # TOML has no null: a field left None (e.g. source_grader) is omitted and reads back as its default
+    data = spec.model_dump(exclude={"summaries"}, exclude_none=True)
+    lines = [f"{key} = {toml_value(value)}" for key, value in data.items() if key not in ("source", "target")]
     for table in ("source", "target"):
         for entry in data[table]:
-            lines += ["", f"[[{table}]]"] + [f"{key} = {_value(value)}" for key, value in entry.items()]
+            lines += ["", f"[[{table}]]"] + [f"{key} = {toml_value(value)}" for key, value in entry.items()]
     path.write_text("\n".join(lines) + "\n")
     load_testbed(path)  # what the owner will read: refuse here, naming the file, if it does not round-trip
     return path
@@ -116,7 +117,8 @@ class FederatedSimulation(Simulation):
                 testbed = write_testbed(spec, owners_dir / f"{name}.testbed.toml")
                 init_owner(folder / "node", str(testbed), dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
                            sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
-                           max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template))
+                           max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template),
+                           feedback_verifier=cfg.simulated_owner.feedback_verifier)  # every owner's, alike
                 processes[name] = OwnerProcess(folder / "node", startup_timeout_s=fed.startup_timeout_s)
                 processes[name].start()
             outcome = self._federate(setup, processes, specs)

@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from trainer_node.feedback.client import ClientSettings
 
@@ -54,6 +55,7 @@ def init_owner(
     planned_releases: int | None = None,
     max_prompt_tokens: int | None = None,
     batch_size: int | None = None,
+    feedback_verifier: str | Mapping[str, Any] | None = None,
 ) -> None:
     """A complete owner folder (what `target-owner-node init DIR` writes), server name localhost.
 
@@ -64,6 +66,8 @@ def init_owner(
     `batch_size` sets the owner's public fixed batch (evaluation.batch_size): the simulation
     uses one batch per query's rows (`query_batch_size`), as an owner of a small model would.
     A local owner is stopped with the run, so it skips the drain delay health checkers need.
+    `feedback_verifier` sets the owner's data.feedback_verifier (a registered verifier name or an
+    options table; the test split stays exact): the run config's simulated_owner.feedback_verifier.
     """
     from target_owner_node.config import load_config
     from target_owner_node.scaffold import init_node
@@ -80,10 +84,19 @@ def init_owner(
     text = re.sub(r"(?m)^drain_delay_s = [0-9.]+", "drain_delay_s = 0.0", text)
     if batch_size is not None:
         text = re.sub(r"(?m)^batch_size = \d+", f"batch_size = {int(batch_size)}", text)
+    if feedback_verifier is not None:
+        from lab.bench.tomlwrite import toml_value
+
+        text, found = re.subn(r"(?m)^\[data\]$", f"[data]\nfeedback_verifier = {toml_value(feedback_verifier)}",
+                              text, count=1)
+        if not found:
+            raise OwnerProcessError(f"no [data] section in {config_path} to set data.feedback_verifier in")
     config_path.write_text(text)
     config = load_config(config_path)  # the edited file must still be a valid owner config
     if batch_size is not None and config.evaluation.batch_size != batch_size:
         raise OwnerProcessError(f"could not set evaluation.batch_size = {batch_size} in {config_path}")
+    if feedback_verifier is not None and config.data.feedback_verifier != feedback_verifier:
+        raise OwnerProcessError(f"could not set data.feedback_verifier = {feedback_verifier!r} in {config_path}")
 
 
 def query_batch_size(heldout_size: int, sample_rate: float, dp: bool) -> int:

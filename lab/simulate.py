@@ -145,7 +145,8 @@ class Simulation:
         init_owner(owner_dir, cfg.data.testbed, dp=not opts.no_dp, test_split=True, epsilon=opts.epsilon,
                    sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
                    max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template),
-                   batch_size=query_batch_size(len(setup.data.feedback), opts.sample_rate, not opts.no_dp))
+                   batch_size=query_batch_size(len(setup.data.feedback), opts.sample_rate, not opts.no_dp),
+                   feedback_verifier=cfg.simulated_owner.feedback_verifier)
 
         trainer = setup.trainer
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:
@@ -189,6 +190,8 @@ class Simulation:
         }
         if cfg.data.train_on_feedback_split:
             summary["diagnostic"] = TARGET_MIX
+        if cfg.simulated_owner.feedback_verifier is not None:  # the owner's test split stays exact
+            summary["owner_feedback_verifier"] = cfg.simulated_owner.feedback_verifier
         rules = {seam: getattr(cfg.grpo, seam).name for seam in ("coefficients", "selection", "reweighting")
                  if getattr(cfg.grpo, seam) is not None}
         if rules:
@@ -229,6 +232,8 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
          f"  ({delta:+.3f}, measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",
     ]
+    if "owner_feedback_verifier" in s:
+        lines.append(f"  owner feedback grader  {s['owner_feedback_verifier']} (the test split: exact)")
     if "selection" in s:
         sel = s["selection"]
         lines.append(f"  selected checkpoint    step {sel['selected_step']} of {sel['candidate_steps']} by target "

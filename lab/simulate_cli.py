@@ -37,6 +37,8 @@ methods: uniform, dapo, greso, ar3po, l2rr, and DataFlex-RL's mixtures static, r
   run: oracle (lab/policies/: source domains in the target's composition) and target_mix
   (uniform GRPO that also trains on the owner's feedback split)
 checkpoint selection by target feedback (any method): set [selection] every = K in --config
+a noisy owner grader on the feedback split L2RR learns from (the test split stays exact): set
+  [simulated_owner] feedback_verifier = { name = "noisy_flip", flip_rate = 0.2 } in --config
 defaults: lab/configs/simulate_default.toml"""
 
 

@@ -84,11 +84,12 @@ class DataConfig(Section):
         "row: a built-in or an installed plug-in (entry-point group target_feedback.verifiers). An exact one: "
         "the test split is always scored exactly.",
     )
-    feedback_verifier: str | None = Field(
+    feedback_verifier: str | dict[str, Any] | None = Field(
         default=None,
         description="The held-out (feedback) split's verifier when it differs from `verifier`, e.g. a noisy "
         "grader ('noisy_flip', 'partial_checks': rlvr_core/verifiers/noisy.py) whose draws are keyed by "
-        "(seed, row, sample); None: `verifier`. Private: GetInfo declares `verifier`.",
+        "(seed, row, sample): a registered name, or a table with its options, e.g. { name = \"noisy_flip\", "
+        "flip_rate = 0.1 }; None: `verifier`. Private: GetInfo declares `verifier`.",
     )
 
     _chat_template: str = PrivateAttr(default="")
@@ -145,9 +146,13 @@ class DataConfig(Section):
 
     @field_validator("feedback_verifier")
     @classmethod
-    def _feedback_verifier(cls, v: str | None) -> str | None:
-        if v is not None and v not in verifier_names():
+    def _feedback_verifier(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in verifier_names():
             raise ValueError(f"must be a registered verifier ({', '.join(verifier_names())}) or unset; got {v!r}")
+        if isinstance(v, dict):
+            from rlvr_core.verifiers.base import make_verifier
+
+            make_verifier(v)  # a ValidationError located at the bad option: data.feedback_verifier.<option>
         return v
 
     @field_validator("test_domains")

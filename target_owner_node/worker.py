@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 from collections import OrderedDict
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,8 @@ class WorkerSpec:
     task_description: str = ""
     chat_template: str = ""  # the owner's chosen chat template (config data.chat_format / chat_template_path)
     chat_format: str = ""
-    feedback_verifier: str = ""  # the feedback split's verifier when it differs (config data.feedback_verifier)
+    # The feedback split's verifier when it differs (config data.feedback_verifier): a name or an options table.
+    feedback_verifier: str | Mapping[str, Any] = ""
 
     @property
     def rendering(self):
@@ -367,16 +369,16 @@ class Split:
     verifier: Any = None  # scores every row instead of its own (data.feedback_verifier), or None
 
 
-def _load(path: Path, verifier: str, scored_by: str = "") -> Split:
+def _load(path: Path, verifier: str, scored_by: str | Mapping[str, Any] = "") -> Split:
     from rlvr_core.engines.sampling import row_key
     from target_owner_node.heldout import load_split
 
     examples = load_split(path, verifier)
     override = None
     if scored_by:  # data.feedback_verifier: on top of each row's own (exact) verifier
-        from rlvr_core.verifiers.base import get_verifier
+        from rlvr_core.verifiers.base import make_verifier
 
-        override = get_verifier(scored_by)
+        override = make_verifier(scored_by)
     return Split(examples, [row_key(example.id) for example in examples], override)
 
 

@@ -398,6 +398,28 @@ class OwnersFeedbackConfig(FeedbackSettingsSection):
         return AggregationOptions(**{**base, "mixture": weights})
 
 
+class SimulatedOwnerConfig(Section):
+    """`trainer-node simulate` and the bench only: settings of the simulated target owner that a
+    study varies. A real owner sets its own config (target_owner_node/config.py); a trainer
+    talking to one ignores this section."""
+
+    feedback_verifier: str | dict[str, Any] | None = Field(
+        default=None,
+        description="The simulated owner's data.feedback_verifier: the verifier scoring the held-out (feedback) "
+        "split that L2RR learns from, a registered name or a table with its options, e.g. { name = "
+        "\"noisy_flip\", flip_rate = 0.2 }; None: the exact verifier. The test split stays exact.",
+    )
+
+    @field_validator("feedback_verifier")
+    @classmethod
+    def _verifier(cls, spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if spec is not None:
+            from rlvr_core.verifiers.base import make_verifier
+
+            make_verifier(spec)  # a ValidationError located at the bad option: feedback_verifier.<option>
+        return spec
+
+
 def _default_policy() -> PolicyOptions:
     from trainer_node.policies.base import parse_policy_options
 
@@ -431,6 +453,10 @@ class TrainConfig(Section):
         default=None, description="Several target owners (`simulate --owners N`, over Flower): how their "
         "releases are combined (aggregation heldout_size | mixture | per_owner) and when an owner is dropped; "
         "absent = heldout_size.",
+    )
+    simulated_owner: SimulatedOwnerConfig = Field(
+        default_factory=SimulatedOwnerConfig, description="`simulate` and the bench only: the simulated "
+        "owner's settings (its feedback split's verifier).",
     )
 
     @field_validator("policy", mode="wrap")

@@ -293,6 +293,9 @@ def check_trainable(config: TrainConfig) -> None:
     if config.selection.every:
         raise ConfigError("selection.every: checkpoint selection by target feedback runs in `simulate` "
                           "(and `bench`); set it to 0 for `train`")
+    if config.simulated_owner.feedback_verifier is not None:
+        raise ConfigError("simulated_owner.feedback_verifier: sets the verifier of the owner `simulate` starts; "
+                          "a real owner chooses its own (its data.feedback_verifier). Remove it for `train`")
     if policy_class(config.policy.name).simulation_only:
         raise ConfigError(f"policy.name: {config.policy.name!r} is a simulation-only diagnostic (it needs what "
                           "only a simulation knows of the target); `train` cannot run it. Use "

@@ -38,6 +38,11 @@ def _value(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} as TOML: {value!r}")
 
 
+def toml_value(value: Any) -> str:
+    """One TOML value: a string, boolean, number, list or inline table."""
+    return _value(value)
+
+
 def dumps(data: dict[str, Any]) -> str:
     """Top-level scalars first, then one [section] per top-level table.
 

@@ -7,7 +7,8 @@ import pytest
 
 from lab.bench.spec import BenchSpecError, load_profile, parse_spec, run_config
 
-ROWS = {"grpo_exact", "grpo_noisy", "setgrpo", "setgrpo_sphere", "setgrpo_identity", "setgrpo_anchor"}
+ROWS = {"grpo_exact", "grpo_noisy", "setgrpo", "setgrpo_sphere", "setgrpo_identity", "setgrpo_anchor",
+        "l2rr_owner_exact", "l2rr_owner_noisy"}
 
 
 @pytest.mark.parametrize("name,seeds", [("noisy_grader", 12), ("noisy_grader_short", 3)])
