@@ -14,7 +14,7 @@ import pytest
 
 from tests.deploy.conftest import StubScorer, heldout_examples, in_process_owner, make_two_orgs, owner_config
 from tests.rlvr_core.model_folders import save_pretrained_folder
-from tests.trainer_node.mini_testbed import MINI_TESTBED
+from tests.trainer_node.mini_testbed import MINI_TESTBED, mini_run_sections
 from trainer_node.cli import main
 
 FAST_S = 10.0  # "within seconds": the model is never built, nothing is retried
@@ -49,23 +49,7 @@ def write_config(tmp_path: Path, target: str, orgs, model: str = "tiny = true", 
     lines = "\n".join(f"{key} = {value}" if key in ("required", "max_attempts") else f'{key} = "{value}"'
                       for key, value in values.items())
     config = tmp_path / "train.toml"
-    config.write_text(f"""
-[model]
-{model}
-[data]
-testbed = "mini.toml"
-eval_size = 2
-[policy]
-name = "l2rr"
-batch_size = 2
-rollouts_per_prompt = 2
-lookahead_max_clusters = 1
-[rollout]
-max_new_tokens = 4
-[run]
-steps = 3
-out_dir = "{tmp_path / 'run'}"
-[feedback]
+    config.write_text(mini_run_sections(tmp_path, model) + f"""[feedback]
 {lines}
 """)
     (tmp_path / "mini.toml").write_text(MINI_TESTBED)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.deploy.conftest import StubScorer, heldout_examples, in_process_owner, make_two_orgs, owner_config
 from tests.rlvr_core.model_folders import save_pretrained_folder
-from tests.trainer_node.mini_testbed import MINI_TESTBED
+from tests.trainer_node.mini_testbed import MINI_TESTBED, mini_run_sections
 from trainer_node.cli import main
 from trainer_node.config import ConfigError, OwnersFeedbackConfig, load_config
 
@@ -66,23 +66,7 @@ def write_config(tmp_path: Path, orgs, owners: list[dict], *, model: Path | None
         tables.append("[[feedback.owners]]\n" + "\n".join(f"{k} = {_value(v)}" for k, v in values.items()))
     model_line = f'path = "{model}"' if model else "tiny = true"
     config = tmp_path / "train.toml"
-    config.write_text(f"""
-[model]
-{model_line}
-[data]
-testbed = "mini.toml"
-eval_size = 2
-[policy]
-name = "l2rr"
-batch_size = 2
-rollouts_per_prompt = 2
-lookahead_max_clusters = 1
-[rollout]
-max_new_tokens = 4
-[run]
-steps = 3
-out_dir = "{tmp_path / 'run'}"
-{extra}
+    config.write_text(mini_run_sections(tmp_path, model_line) + f"""{extra}
 [feedback]
 max_attempts = 1
 {feedback}
