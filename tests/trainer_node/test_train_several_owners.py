@@ -12,28 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import StubScorer, heldout_examples, in_process_owner, make_two_orgs, owner_config
+from tests.deploy.conftest import StubScorer, in_process_owner, owner_config
 from tests.rlvr_core.model_folders import save_pretrained_folder
 from tests.trainer_node.mini_testbed import MINI_TESTBED, mini_run_sections
 from trainer_node.cli import main
 from trainer_node.config import ConfigError, OwnersFeedbackConfig, load_config
 
 FAST_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def orgs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("orgs")
-    return make_two_orgs(root / "ours"), make_two_orgs(root / "theirs")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    from rlvr_core.tasks.io import write_examples
-
-    root = tmp_path_factory.mktemp("data")
-    write_examples(root / "heldout.jsonl", heldout_examples())
-    return root
 
 
 @pytest.fixture(scope="module")
