@@ -116,3 +116,36 @@ def test_flwr_run_trains_with_two_owners_behind_a_real_superlink_and_supernodes(
     assert (run_dir / "summary.json").exists(), (done.stdout[-4000:], done.stderr[-2000:],
                                                  deployment.log("superlink")[-3000:])
     check_summary(json.loads((run_dir / "summary.json").read_text()))
+
+
+def test_the_run_config_is_checked_naming_its_key(tmp_path):
+    options = DeploymentOptions.from_run_config({"train-config": "/r.toml", "owners": "a, b", "owner-nodes": "a=12",
+                                                 "steps": 0, "out-dir": "", "final-release": False})
+    assert options.owners == ("a", "b") and options.owner_nodes == {"a": 12}
+    assert options.steps is None and options.out_dir is None and options.final_release is False
+    for bad, match in [({"owners": "a"}, "run config train-config"), ({"train-config": "/r.toml"}, "run config owners"),
+                       ({"train-config": "/r.toml", "owners": "a,a"}, "names an owner twice"),
+                       ({"train-config": "/r.toml", "owners": "a", "owner-nodes": "c=1"}, "run config owner-nodes")]:
+        with pytest.raises(ValueError, match=match):
+            DeploymentOptions.from_run_config(bad)
+
+
+def test_an_owner_whose_node_is_missing_or_claims_another_pin_is_left_out_and_named(orgs, data_dir, tmp_path):  # noqa: F811
+    """owner1's only node claims owner1 but owner-nodes pins owner1 to another id: not used; the run
+    trains with owner0 and summary.json names owner1 lost at step 0."""
+    from flower_shim.app import make_client_app, settings_from_node_config
+    from tests.federation.loopback_grid import LoopbackGrid
+
+    ours, _ = orgs
+    with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
+            in_process_owner(owner_config(tmp_path / "b", data_dir, ours), tmp_path, StubScorer(0.8)) as b:
+        sites = [OwnerSite(name, f"127.0.0.1:{owner.port}", ours.owner_ca_cert, ours.client_cert, ours.client_key)
+                 for name, owner in zip(OWNERS, (a, b), strict=True)]
+        grid = LoopbackGrid(make_client_app(settings_from_node_config),
+                            {11: sites[0].node_config_values(), 33: sites[1].node_config_values()})
+        summary = run_deployment(grid, DeploymentOptions(
+            train_config=train_config(tmp_path, tmp_path / "run", steps=1), owners=OWNERS,
+            owner_nodes={"owner0": 11, "owner1": 22}, startup_timeout_s=1.0))
+    assert [lost["owner"] for lost in summary["owners_lost"]] == ["owner1"]
+    assert summary["owners_lost"][0]["step"] == 0 and "did not connect" in summary["owners_lost"][0]["reason"]
+    assert summary["owners"]["owner0"]["queries"] >= 1
