@@ -103,9 +103,11 @@ def forward(action: str, message: Message, owner: PublicOwnerClient, name: str) 
     arrays = {key: array.numpy() for key, array in content.array_records["tensors"].items()}
     files = dict(content.config_records["files"])
     # A private scratch folder for the checkpoint being forwarded: the shim's own temp, never the owner's.
+    # The files the owner already holds are in the manifest only: the owner's intake fills them.
     with tempfile.TemporaryDirectory(prefix="flower-shim-") as scratch:
-        wire.decode_checkpoint(arrays, files, Path(scratch))
-        return reply(message, checkpoint_id=owner.upload(Path(scratch)))
+        manifest = wire.decode_checkpoint(arrays, files, Path(scratch))
+        response = owner.upload(Path(scratch), manifest)
+        return reply(message, checkpoint_id=response.checkpoint_id, bytes_received=int(response.bytes_received))
 
 
 def make_client_app(resolve: Resolver = settings_from_node_config) -> ClientApp:

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,7 @@ class FederatedSimulation(Simulation):
             except FeedbackError:
                 budgets[owner.name] = None  # a lost owner: its last known spend is in the feedback stats
         return {"result": result, "feedback": feedback, "budgets": budgets, "output": output,
-                "trainer": setup.trainer}
+                "trainer": setup.trainer, "domains": evaluation.domains}
 
     def aggregation(self) -> AggregationOptions:
         fed = self.federated
@@ -227,6 +227,8 @@ class FederatedSimulation(Simulation):
             entry["target_domains"] = sorted({e.domain for e in spec.target})
             entry["target_accuracy_before"] = (result.initial or {}).get(f"accuracy/{owner.name}")
             entry["target_accuracy_after"] = (result.final or {}).get(f"accuracy/{owner.name}")
+            for when, label in (("before", "initial"), ("after", "final")):
+                entry[f"target_domain_accuracy_{when}"] = outcome["domains"].get(label, {}).get(owner.name)
             budget = budgets[owner.name]
             if budget is not None:
                 entry["epsilon_spent"] = budget.epsilon_spent
@@ -236,6 +238,10 @@ class FederatedSimulation(Simulation):
             "steps": trainer.step_index, "transport": "flower-simulation", "num_owners": len(feedback.owners),
             "target_accuracy_before": (result.initial or {}).get("accuracy"),
             "target_accuracy_after": (result.final or {}).get("accuracy"),
+            # every owner's own domains (disjoint: one owner per target domain), so the bench's
+            # per-benchmark table and its domain-balanced score read a multi-owner run like any other
+            "target_domain_accuracy_before": merged_domains(per_owner, "before"),
+            "target_domain_accuracy_after": merged_domains(per_owner, "after"),
             "rollouts": trainer.rollouts_cumulative,
             "epsilon_spent": feedback.stats.epsilon_spent,  # the largest per-owner spend
             "epsilon_budget": max((o.get("epsilon_budget") or 0.0) for o in per_owner.values()),
@@ -251,6 +257,15 @@ class FederatedSimulation(Simulation):
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True, default=str) + "\n")
         print(format_owners(summary, self.run_dir))
         return merged
+
+
+def merged_domains(per_owner: dict[str, dict[str, Any]], when: str) -> dict[str, float]:
+    """{domain: accuracy} over the owners measured `when` ("before" | "after"); an owner lost before
+    the end has no "after", so its domains are missing there (as its accuracy is)."""
+    merged: dict[str, float] = {}
+    for entry in per_owner.values():
+        merged.update(entry.get(f"target_domain_accuracy_{when}") or {})
+    return dict(sorted(merged.items()))
 
 
 @dataclass
@@ -275,6 +290,9 @@ class PerOwnerTestEvaluation:
 
     feedback: MultiOwnerFeedback
     max_new_tokens: int
+    domains: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """label -> owner -> {domain: accuracy}: each owner's per-domain test accuracy (its public
+    test_domains), kept out of the eval record, whose accuracy/<key> entries are per owner."""
 
     def evaluate(self, label: str) -> dict[str, Any] | None:
         from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
@@ -292,6 +310,7 @@ class PerOwnerTestEvaluation:
                 log.warning("owner %r did not measure %s: %s", owner.name, label, error)
                 continue
             record[f"accuracy/{owner.name}"] = result.accuracy
+            self.domains.setdefault(label, {})[owner.name] = dict(sorted(result.domain_accuracy.items()))
         measured = [v for k, v in record.items() if k.startswith("accuracy/")]
         if not measured:
             return None

@@ -2,7 +2,7 @@
 import either node (the Flower shim, flower_shim/, which runs trainer-submitted code at an owner).
 
 It offers exactly the four calls of target_feedback.v1 (GetInfo, GetBudget, UploadCheckpoint,
-Evaluate) on a checkpoint folder and serialized requests, with one deadline per call and no
+Evaluate) on a checkpoint folder (with an optional manifest: content-address reuse) and serialized requests, with one deadline per call and no
 retries: a caller that wants retries (the trainer's TargetFeedbackClient) has its own. Errors
 stay grpc.RpcError; `describe_error` turns one into the (code, reason, message) triple the
 owner's server already chose to send, so a forwarder adds nothing of its own to it.
@@ -11,7 +11,7 @@ owner's server already chose to send, so a forwarder adds nothing of its own to 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -69,26 +69,36 @@ class PublicOwnerClient:
     def evaluate(self, request: pb.EvaluateRequest) -> pb.EvaluateResponse:
         return self._stub.Evaluate(request, timeout=self.settings.deadline_s)
 
-    def upload(self, folder: Path) -> str:
-        """Stream every allowlisted file of `folder` (manifest first); returns the checkpoint id."""
+    def upload(self, folder: Path, manifest: Sequence[tuple[str, int, str]] | None = None) -> pb.UploadCheckpointResponse:
+        """Stream a checkpoint (manifest first); the reply has its id and the bytes the owner received.
+
+        `manifest` ((name, size, sha256) of every file) may list files that `folder` lacks: those are
+        files the owner already holds by content, so no chunk is sent for them and the owner fills
+        them from its store (or refuses with MISSING_FILE_DATA). Without it, every allowlisted file of
+        `folder` is listed and sent."""
         folder = Path(folder)
-        names = sorted(p.name for p in folder.iterdir() if p.is_file())
-        refused = [name for name in names if not is_allowed_file_name(name)]
-        if refused or not names:
-            raise ValueError(f"{folder}: {'not allowed: ' + ', '.join(refused) if refused else 'no files'}")
-        entries = [pb.FileEntry(name=name, size=(folder / name).stat().st_size, sha256=_sha256(folder / name))
-                   for name in names]
+        present = sorted(p.name for p in folder.iterdir() if p.is_file())
+        refused = [name for name in present if not is_allowed_file_name(name)]
+        if manifest is None:
+            manifest = [(name, (folder / name).stat().st_size, _sha256(folder / name)) for name in present]
+        unlisted = sorted(set(present) - {name for name, _, _ in manifest})
+        if refused:
+            raise ValueError(f"{folder}: not allowed: {', '.join(refused)}")
+        if unlisted or not manifest:
+            raise ValueError(f"{folder}: " + (f"not in the manifest: {', '.join(unlisted)}" if unlisted else "no files"))
+        entries = [pb.FileEntry(name=name, size=size, sha256=sha) for name, size, sha in manifest]
+        sent = [name for name, _, _ in manifest if name in present]
 
         def requests() -> Iterator[pb.UploadCheckpointRequest]:
             yield pb.UploadCheckpointRequest(manifest=pb.CheckpointManifest(files=entries))
-            for entry in entries:
-                with open(folder / entry.name, "rb") as fh:
+            for name in sent:
+                with open(folder / name, "rb") as fh:
                     offset = 0
                     while block := fh.read(MAX_CHUNK_BYTES):
-                        yield pb.UploadCheckpointRequest(chunk=pb.FileChunk(name=entry.name, offset=offset, data=block))
+                        yield pb.UploadCheckpointRequest(chunk=pb.FileChunk(name=name, offset=offset, data=block))
                         offset += len(block)
 
-        return self._stub.UploadCheckpoint(requests(), timeout=self.settings.deadline_s).checkpoint_id
+        return self._stub.UploadCheckpoint(requests(), timeout=self.settings.deadline_s)
 
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"

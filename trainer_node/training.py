@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -343,18 +343,27 @@ class OwnersAtStart:
 
     passed: dict[str, OwnerStatus]
     failed: dict[str, str]
+    places: dict[str, str] = field(default_factory=dict)
+    """owner name -> where it is configured (`feedback.owners[1]`), for errors that name it."""
 
     def rendering(self) -> Rendering | None:
-        """The published rendering prompts follow: the first passing owner's (a warning names any that differ)."""
+        """The published rendering prompts follow. Prompts are rendered once, for every owner, so
+        every owner that passed must publish the same one: an owner that scores another rendering
+        would score text the policy never trains on. OwnerStartError names the first that differs."""
+        from trainer_node.feedback.preflight import OwnerStartError
+
         renderings = {name: Rendering.from_info(status.info) for name, status in self.passed.items()}
         if not renderings:
             return None
         first, rendering = next(iter(renderings.items()))
         for name, other in renderings.items():
             if other != rendering:
-                log.warning("owner %r publishes another rendering than %r (%s vs %s); prompts are rendered as %r "
-                            "publishes, so %r scores slightly different text", name, first, other.describe(),
-                            rendering.describe(), first, name)
+                raise OwnerStartError(
+                    f"{self.places.get(name, f'owner {name!r}')}: owner {name!r} publishes the rendering "
+                    f"{other.describe()}, but {self.places.get(first, f'owner {first!r}')} ({first!r}) publishes "
+                    f"{rendering.describe()}; prompts are rendered once for all owners, so they must publish one "
+                    "rendering: ask the owners to align data.chat_format / chat_template_path / prompt_template, "
+                    "or train with each in its own run")
         return rendering
 
 
@@ -373,6 +382,7 @@ def start_owners(config: TrainConfig) -> OwnersAtStart | None:
         return None
     passed: dict[str, OwnerStatus] = {}
     failed: dict[str, str] = {}
+    places = {owner.name: where for (where, _), owner in zip(fb.owner_entries(), fb.owners, strict=True)}
     misconfigured = False
     for (where, _), owner in zip(fb.owner_entries(), fb.owners, strict=True):
         try:
@@ -394,7 +404,7 @@ def start_owners(config: TrainConfig) -> OwnersAtStart | None:
                     "feedback")
     elif failed:
         log.warning("training with %s; left out: %s", ", ".join(passed), ", ".join(failed))
-    return OwnersAtStart(passed, failed)
+    return OwnersAtStart(passed, failed, places)
 
 
 def check_owner_accepts_model(setup: TrainingSetup) -> None:

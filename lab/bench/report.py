@@ -187,6 +187,37 @@ def _benchmark_section(tb: dict[str, Any], control: str) -> list[str]:
     return lines
 
 
+def _owner_section(tb: dict[str, Any]) -> list[str]:
+    """Multi-owner runs (`owners = N`): each owner's own target test accuracy and epsilon spent, per
+    method (mean ± sd over seeds), from each run's summary.json owners.<name>."""
+    names = sorted({name for m in tb["methods"].values() for name in m.get("owners", {})})
+    if not names:
+        return []
+    families = tb.get("benchmark_families", {})
+
+    def title(name: str) -> str:
+        domains = next((m["owners"][name]["target_domains"] for m in tb["methods"].values()
+                        if m.get("owners", {}).get(name, {}).get("target_domains")), [])
+        groups = sorted({families.get(d, d) for d in domains})
+        return f"{name} ({', '.join(groups)})" if groups else name
+
+    lines = ["", "### Per-owner accuracy and budget (%, mean ± sd over seeds; epsilon spent)", "",
+             "| Method | " + " | ".join(title(n) for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+    for m in tb["methods"].values():
+        cells = []
+        for name in names:
+            owner = m.get("owners", {}).get(name)
+            if owner is None:
+                cells.append("n/a")
+                continue
+            eps = owner["epsilon_spent"]
+            lost = f", lost in {owner['lost_runs']} of {owner['runs']}" if owner["lost_runs"] else ""
+            eps_text = "n/a" if eps.get("mean") is None else f"{eps['mean']:.2f}"
+            cells.append(f"{pct_pm(owner['accuracy'])} (ε {eps_text}{lost})")
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[str, str]) -> list[str]:
     grouped = bool(tb.get("grouped"))
     domains = tb["families"] if grouped else tb["domains"]
@@ -201,6 +232,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     lines += _family_section(tb, control)
     lines += _sensitivity_section(tb, control)
     lines += _benchmark_section(tb, control)
+    lines += _owner_section(tb)
     ablations = _methods(tb, "ablation")
     if ablations:
         ablated = {m["policy"] for m in ablations}  # the full method of an ablation runs the same policy

@@ -69,8 +69,11 @@ def per_seed_values(summary: dict[str, Any], design: SummaryDesign | None = None
     or the one chosen by target feedback when the run used checkpoint selection."""
     selected = summary.get("target_accuracy_selected") is not None
     suffix = "selected" if selected else "after"
-    domains = summary.get(f"target_domain_accuracy_{suffix}") or {}
-    before = summary.get("target_domain_accuracy_before") or {}
+    owners = owner_values(summary, suffix)
+    # a multi-owner run: each owner measured its own domains (older summaries have them per owner only)
+    domains = summary.get(f"target_domain_accuracy_{suffix}") or merged(o["domains"] for o in owners.values())
+    before = summary.get("target_domain_accuracy_before") or merged(
+        (o.get("target_domain_accuracy_before") or {}) for o in (summary.get("owners") or {}).values())
     accuracy = summary[f"target_accuracy_{suffix}"]
     families = design.families if design is not None else {}
     balanced = stats.family_balanced(domains, families) if domains else accuracy
@@ -89,10 +92,42 @@ def per_seed_values(summary: dict[str, Any], design: SummaryDesign | None = None
         "domains_before": dict(sorted(before.items())),
         "balanced_before": stats.family_balanced(before, families) if before else summary.get("target_accuracy_before"),
         "rollouts": summary["rollouts"],
+        "owners": owners,
         "epsilon_spent": summary.get("epsilon_spent"),
         "epsilon_budget": summary.get("epsilon_budget"),
         "wall_seconds": summary.get("wall_seconds"),
     }
+
+
+def owner_values(summary: dict[str, Any], suffix: str = "after") -> dict[str, dict[str, Any]]:
+    """Each owner's numbers of a multi-owner run (`simulate --owners N`: summary.json's owners.<name>);
+    {} for a one-owner run."""
+    return {name: {"accuracy": owner.get(f"target_accuracy_{suffix}"),
+                   "domains": dict(sorted((owner.get(f"target_domain_accuracy_{suffix}") or {}).items())),
+                   "target_domains": list(owner.get("target_domains") or []),
+                   "epsilon_spent": owner.get("epsilon_spent"), "lost_step": owner.get("lost_step")}
+            for name, owner in sorted((summary.get("owners") or {}).items())}
+
+
+def merged(parts: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        out.update(part)
+    return dict(sorted(out.items()))
+
+
+def owner_stats(seeds: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per owner over a method's seeds: accuracy and epsilon (mean, sd over the seeds that measured
+    it), its target domains, and in how many runs it was lost."""
+    names = sorted({name for v in seeds.values() for name in v.get("owners", {})})
+    out = {}
+    for name in names:
+        values = [v["owners"][name] for v in seeds.values() if name in v.get("owners", {})]
+        out[name] = {"accuracy": _stat([o["accuracy"] for o in values if o["accuracy"] is not None]),
+                     "epsilon_spent": _stat([o["epsilon_spent"] for o in values if o["epsilon_spent"] is not None]),
+                     "target_domains": sorted({d for o in values for d in o["target_domains"] or o["domains"]}),
+                     "lost_runs": sum(1 for o in values if o["lost_step"] is not None), "runs": len(values)}
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -264,6 +299,7 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
                                        if math.isfinite(v["summaries"].get(name, math.nan))])
                           for name in design.names()},
             "rollouts": _stat([v["rollouts"] for v in seeds.values()]),
+            "owners": owner_stats(seeds),
             "ro_ratio": _finite(stats.ro_ratio([v["rollouts"] for v in control.values()],
                                                [v["rollouts"] for v in seeds.values()])),
             "ro_ratio_per_seed": {str(s): r for s, r in stats.paired_ro_ratios(

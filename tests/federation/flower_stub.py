@@ -3,7 +3,7 @@ look-alike whose GetInfo, GetBudget and Evaluate travel as Flower messages throu
 (flower_shim/) to the owner, and whose errors are the owner's own status, forwarded verbatim.
 
 UploadCheckpoint stays on the direct port: the suite's upload checks send deliberately malformed
-streams (chunks, manifests), which are transport checks; the Flower path carries whole checkpoints.
+streams (chunks, manifests), which are transport checks; the Flower path carries files and a manifest.
 Every reply is recorded into the suite's Recorder, so the leak checks scan what came through Flower.
 """
 

@@ -168,11 +168,13 @@ def test_a_failure_inside_the_shim_carries_no_traceback_or_path(shim, owner):
 
     from flwr.app import ArrayRecord, ConfigRecord
 
-    table = {"model.safetensors": {"metadata": None, "tensors": {"w": ["F32", [2]]}}}
-    files = ConfigRecord({wire.TENSOR_META_KEY: json.dumps(table).encode(), "config.json": b"{}"})
+    manifest = json.dumps({"model.safetensors": [8, "0" * 64], "config.json": [2, "1" * 64]}).encode()
+    table = {"model.safetensors": {"header": "{}", "tensors": {"w": ["F32", [2]]}}}
+    files = ConfigRecord({wire.TENSOR_META_KEY: json.dumps(table).encode(), "config.json": b"{}",
+                          wire.MANIFEST_KEY: manifest})
     refused = _refusal(_ask(shim, "upload", {"tensors": ArrayRecord({}), "files": files}))
     assert refused["code"] == "INVALID_ARGUMENT" and "not in the arrays" in refused["message"]
-    bad = {wire.TENSOR_META_KEY: b"{\"model.safetensors\": {\"tensors\": {\"w\": 1}}}"}
+    bad = {wire.TENSOR_META_KEY: b"{\"model.safetensors\": {\"tensors\": {\"w\": 1}}}", wire.MANIFEST_KEY: manifest}
     failed = _refusal(_ask(shim, "upload", {"tensors": ArrayRecord({}), "files": ConfigRecord(bad)}))
     assert failed["code"] == "INTERNAL" and failed["reason"] == "FEDERATION_SHIM_FAILED"
     assert "Traceback" not in failed["message"] and "/" not in failed["message"]

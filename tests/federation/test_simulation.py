@@ -87,4 +87,9 @@ def test_three_owners_one_killed_mid_run_training_finishes_on_the_other_two(tmp_
         assert 0.0 < owners[name]["epsilon_spent"] <= 8.0
         assert owners[name]["queries"] > owners["owner1"]["queries"]  # they kept answering after the kill
     assert owners["owner1"]["target_accuracy_after"] is None  # gone: not measured at the end
+    # each owner's per-domain test accuracy, and the run's over the owners measured (the bench's tables)
+    assert set(owners["owner0"]["target_domain_accuracy_after"]) == {"add"}
+    assert set(owners["owner1"]["target_domain_accuracy_before"]) == {"spell"}
+    assert set(summary["target_domain_accuracy_after"]) == {"add", "sub"}
+    assert set(summary["target_domain_accuracy_before"]) == {"add", "spell", "sub"}
     assert owners["owner1"]["queries"] >= 1  # it answered before it was killed

@@ -71,3 +71,53 @@ def test_a_decoded_upload_refuses_arrays_outside_the_table(tmp_path):
     arrays["model.safetensors::extra"] = np.zeros(2, dtype="float32")
     with pytest.raises(wire.WireError, match="not in the tensor table"):
         wire.decode_checkpoint(arrays, files, tmp_path)
+
+
+def test_a_rebuilt_file_is_byte_identical_so_its_content_address_holds(tmp_path):
+    source, out = tmp_path / "in", tmp_path / "out"
+    source.mkdir(), out.mkdir()
+    save_file({"w": torch.randn(3, 5).to(torch.bfloat16), "b": torch.zeros(3)}, source / "model.safetensors",
+              metadata={"format": "pt"})
+    (source / "config.json").write_text('{"model_type": "gpt2"}')
+    arrays, files = wire.encode_checkpoint(source)
+    manifest = wire.decode_checkpoint(arrays, files, out)
+    for name, size, sha in manifest:
+        assert wire.sha256_file(out / name) == sha == wire.sha256_file(source / name)
+        assert (out / name).stat().st_size == size
+
+
+def test_files_the_owner_holds_are_listed_but_not_carried(tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    save_file({"w": torch.ones(4)}, source / "model-00001-of-00002.safetensors")
+    save_file({"v": torch.ones(2)}, source / "model-00002-of-00002.safetensors")
+    (source / "config.json").write_text("{}")
+    held = {wire.sha256_file(source / name) for name in ("model-00001-of-00002.safetensors", "config.json")}
+    arrays, files = wire.encode_checkpoint(source, held=held)
+    assert list(arrays) == ["model-00002-of-00002.safetensors::v"] and "config.json" not in files
+    assert [name for name, _, _ in wire.read_manifest(files)] == [
+        "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    out = tmp_path / "out"
+    out.mkdir()
+    wire.decode_checkpoint(arrays, files, out)
+    assert sorted(p.name for p in out.iterdir()) == ["model-00002-of-00002.safetensors"]  # the owner fills the rest
+
+
+def test_a_carried_file_outside_the_manifest_or_a_header_that_disagrees_is_refused(tmp_path):
+    import json
+
+    source = tmp_path / "in"
+    source.mkdir()
+    save_file({"w": torch.ones(4)}, source / "model.safetensors")
+    (source / "config.json").write_text("{}")
+    arrays, files = wire.encode_checkpoint(source)
+    unlisted = {**files, wire.MANIFEST_KEY: json.dumps({"model.safetensors": [1, "0" * 64]}).encode()}
+    with pytest.raises(wire.WireError, match="config.json"):
+        wire.decode_checkpoint(arrays, unlisted, tmp_path)
+    table = json.loads(files[wire.TENSOR_META_KEY])
+    table["model.safetensors"]["header"] = table["model.safetensors"]["header"].replace("[4]", "[2,2]")
+    with pytest.raises(wire.WireError, match="disagrees with its header"):
+        wire.decode_checkpoint(arrays, {**files, wire.TENSOR_META_KEY: json.dumps(table).encode()}, tmp_path)
+    bad_manifest = {**files, wire.MANIFEST_KEY: b'{"model.safetensors": [1, "not-a-sha"]}'}
+    with pytest.raises(wire.WireError, match="sha256 in hex"):
+        wire.decode_checkpoint(arrays, bad_manifest, tmp_path)

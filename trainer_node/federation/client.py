@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from protocol import errors
 from protocol import federation_wire as wire
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from trainer_node.feedback.client import BudgetExhausted, FeedbackError, OwnerRefused, OwnerUnavailable
@@ -49,7 +50,10 @@ class FlowerOwnerClient:
         self.name = name
         self.timeout_s = timeout_s
         self.closed = False
-        self.last_upload_bytes = 0  # what the latest upload sent (the run summary adds it up)
+        self.last_upload_bytes = 0  # what the latest upload carried
+        self.upload_bytes_total = 0
+        self.last_bytes_received: int | None = None  # what the owner says it received of the latest upload
+        self._owner_holds: set[str] = set()  # sha256 of the files this owner stores (content addresses)
 
     def _ask(self, action: str, records: dict[str, Any]) -> Any:
         from flwr.app import Message, RecordDict
@@ -92,17 +96,35 @@ class FlowerOwnerClient:
         return pb.GetBudgetResponse.FromString(self._ask("budget", {})["response"])
 
     def upload(self, model_dir: Path, digests: Mapping[str, str] | None = None) -> str:
-        """Send the whole checkpoint in one message. `digests` (the direct client's content
-        addresses) are not used: this transport has no per-file reuse, so every file travels."""
+        """Send a checkpoint in one message: every file in its manifest, but only the files this
+        owner does not hold yet (by sha256, as the direct client does), so per-tensor-shard
+        candidates cost the changed tensors only. `digests` (file name -> sha256, from the
+        candidate writer) spare hashing. If the owner lost a file it was believed to hold
+        (MISSING_FILE_DATA), the upload is repeated in full. `last_upload_bytes` is what this
+        upload carried (tensor and file bytes), `upload_bytes_total` the run's sum."""
+        try:
+            return self._upload_once(Path(model_dir), digests, self._owner_holds)
+        except FeedbackError as error:
+            if error.reason != errors.MISSING_FILE_DATA:
+                raise
+            self._owner_holds.clear()
+            return self._upload_once(Path(model_dir), digests, set())
+
+    def _upload_once(self, model_dir: Path, digests: Mapping[str, str] | None, held: set[str]) -> str:
         from flwr.app import Array, ArrayRecord, ConfigRecord
 
         try:
-            arrays, files = wire.encode_checkpoint(Path(model_dir))
+            arrays, files = wire.encode_checkpoint(model_dir, digests, held)
+            manifest = wire.read_manifest(files)
         except wire.WireError as error:
             raise FeedbackError(str(error)) from None
-        self.last_upload_bytes = sum(a.nbytes for a in arrays.values()) + sum(len(b) for b in files.values())
         tensors = ArrayRecord({key: Array(array) for key, array in arrays.items()})
-        return str(self._ask("upload", {"tensors": tensors, "files": ConfigRecord(files)})["checkpoint_id"])
+        record = self._ask("upload", {"tensors": tensors, "files": ConfigRecord(files)})
+        self._owner_holds.update(sha for _, _, sha in manifest)
+        self.last_upload_bytes = sum(a.nbytes for a in arrays.values()) + sum(len(b) for b in files.values())
+        self.upload_bytes_total += self.last_upload_bytes
+        self.last_bytes_received = int(record["bytes_received"]) if "bytes_received" in record else None
+        return str(record["checkpoint_id"])
 
     def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
                  split: int = pb.SPLIT_FEEDBACK, request_id: str | None = None) -> pb.EvaluateResponse:
