@@ -412,8 +412,13 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
     from trainer_node.feedback.client import TargetFeedbackClient
     from trainer_node.feedback.hook import OwnerFeedbackHook
+    from trainer_node.integrations.support import TRAINING_ENGINES
 
     check_trainable(config)
+    engine = TRAINING_ENGINES.get(config.engine.name)
+    if resume is not None and not engine.resumable:
+        raise ConfigError(f"--resume: training engine {config.engine.name!r} does not resume this project's "
+                          "checkpoints; start a fresh run")
     owner = start_owner(config)
     several = start_owners(config)
     rendering = several.rendering() if several else (Rendering.from_info(owner.info) if owner else None)
@@ -430,12 +435,6 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
         feedback = connect_several(setup, several, run_dir)
         hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     config.save_resolved(run_dir)
-    from trainer_node.integrations.support import TRAINING_ENGINES
-
-    engine = TRAINING_ENGINES.get(config.engine.name)
-    if resume is not None and not engine.resumable:
-        raise ConfigError(f"--resume: training engine {config.engine.name!r} does not resume this project's "
-                          "checkpoints; start a fresh run")
     if resume is not None:
         checkpoint = latest_checkpoint(resume)
         load_checkpoint(trainer, checkpoint)

@@ -79,8 +79,49 @@ def test_a_few_real_trl_steps_against_a_real_owner_move_q_and_charge_epsilon(tmp
     assert "engine" in json.loads((run_dir / "resolved_config.json").read_text())
 
 
+def test_train_refuses_to_resume_an_engine_without_resumable_checkpoints(tmp_path):
+    from rlvr_core.configuration import ConfigError
+    from trainer_node.config import parse_config
+    from trainer_node.training import run_training
+
+    config = parse_config({"model": {"tiny": True}, "engine": {"name": "trl"}, "policy": {"name": "uniform"},
+                           "run": {"out_dir": str(tmp_path / "run")}})
+    with pytest.raises(ConfigError, match="--resume: training engine 'trl' does not resume"):
+        run_training(config, resume=tmp_path)
+
+
 def test_the_readme_trl_config_loads():
     from lab.simulate import SimulateOptions, resolve_config
 
     config = resolve_config(SimulateOptions(config="lab/configs/simulate_trl.toml"))
     assert config.engine.name == "trl" and config.policy.estimator == "release_difference"
+
+
+@pytest.mark.slow  # an extra variant (~40 s): `train` with a remote owner, on TRL
+def test_train_on_trl_with_a_remote_owner(tmp_path):
+    from lab.owner_process import OwnerProcess, init_owner
+    from tests.lab.test_simulate import _tiny_sim_config
+    from trainer_node.cli import main
+
+    owner_dir = tmp_path / "owner"
+    init_owner(owner_dir, "small", dp=True, sample_rate=1.0, planned_releases=50)
+    run_dir = tmp_path / "run"
+    with OwnerProcess(owner_dir) as owner:
+        s = owner.client_settings()
+        config = _tiny_sim_config(tmp_path, run_dir, "l2rr", f"""
+[engine]
+name = "trl"
+[feedback]
+target = "{s.target}"
+ca_cert = "{s.ca_cert}"
+client_cert = "{s.client_cert}"
+client_key = "{s.client_key}"
+server_name = "localhost"
+""", steps=3, policy_fields='estimator = "release_difference"')
+        config.write_text(config.read_text().replace(
+            "eval_size = 0", 'eval_size = 8\ngrader = { name = "noisy_flip", flip_rate = 0.45 }'))
+        assert main(["train", "--config", str(config), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["feedback_queries"] >= 2 and summary["epsilon_spent"] > 0
+    assert "source_eval/accuracy_first" in summary and "source_eval/accuracy_last" in summary
+    assert (run_dir / "checkpoints" / "trl_step_3" / "model.safetensors").is_file()

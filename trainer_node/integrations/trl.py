@@ -303,7 +303,7 @@ def run_trl(setup: Any, output: Any, schedule: Any, evaluation: Any, hook: Any, 
     final = measure("final")
     final_checkpoint = None
     if schedule.checkpoint_dir is not None:
-        final_checkpoint = Path(schedule.checkpoint_dir) / f"step_{ours.step_index}"
+        final_checkpoint = Path(schedule.checkpoint_dir) / f"trl_step_{ours.step_index}"  # HF format, not resumable
         trainer.save_model(str(final_checkpoint))
     outcome = hook.finish(ours.step_index) if hook is not None else FeedbackOutcome()
     for extra in outcome.evals:
