@@ -32,6 +32,7 @@ from trainer_node.config import ConfigError, DataConfig, FeedbackConfig, ModelCo
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
+from trainer_node.integrations.support import TRAINING_ENGINES
 from trainer_node.loop import Schedule
 from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy, policy_class
 from trainer_node.run_output import RunOutput
@@ -412,7 +413,6 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     """Train for config.run.steps steps (continuing a checkpoint when `resume` is given)."""
     from trainer_node.feedback.client import TargetFeedbackClient
     from trainer_node.feedback.hook import OwnerFeedbackHook
-    from trainer_node.integrations.support import TRAINING_ENGINES
 
     check_trainable(config)
     engine = TRAINING_ENGINES.get(config.engine.name)
