@@ -125,3 +125,21 @@ server_name = "localhost"
     assert summary["steps"] == 3 and summary["feedback_queries"] >= 2 and summary["epsilon_spent"] > 0
     assert "source_eval/accuracy_first" in summary and "source_eval/accuracy_last" in summary
     assert (run_dir / "checkpoints" / "trl_step_3" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow  # two torchrun processes (~30 s)
+def test_rank_helpers_on_two_gloo_processes(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("trl_ranks_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+                    str(worker), str(tmp_path)], check=True, env=env, timeout=300)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for seen in ranks:
+        assert seen["q"] == [0.1, 0.2, 0.3, 0.4]  # rank 0's q, bit for bit, on both ranks
+        assert seen["flag"] is True  # rank 0's decision to save and query
+        assert sorted(map(tuple, seen["records"])) == [(0, 0.0), (1, 0.5), (1, 0.5)]  # every rank's rewards
