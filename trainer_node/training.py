@@ -32,7 +32,8 @@ from trainer_node.config import ConfigError, DataConfig, FeedbackConfig, ModelCo
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
-from trainer_node.loop import Schedule, run_loop
+from trainer_node.integrations.support import TRAINING_ENGINES
+from trainer_node.loop import Schedule
 from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy, policy_class
 from trainer_node.run_output import RunOutput
 
@@ -424,6 +425,10 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     from trainer_node.feedback.hook import OwnerFeedbackHook
 
     check_trainable(config)
+    engine = TRAINING_ENGINES.get(config.engine.name)
+    if resume is not None and not engine.resumable:
+        raise ConfigError(f"--resume: training engine {config.engine.name!r} does not resume this project's "
+                          "checkpoints; start a fresh run")
     owner = start_owner(config)
     several = start_owners(config)
     rendering = several.rendering() if several else (Rendering.from_info(owner.info) if owner else None)
@@ -448,7 +453,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     schedule = Schedule(steps=config.run.steps, eval_every=config.run.eval_every,
                         save_every=config.run.save_every, checkpoint_dir=run_dir / "checkpoints")
     try:
-        result = run_loop(trainer, output, schedule, SourceEvaluation(setup), hook)
+        result = engine().run(setup, output, schedule, SourceEvaluation(setup), hook, feedback)
     finally:
         if feedback is not None:
             feedback.client.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trainer_node import loop
+from trainer_node.config import parse_config
 from trainer_node.loop import FeedbackOutcome, Schedule, run_loop
 
 
@@ -131,5 +132,17 @@ def test_train_simulate_and_the_grpo_tool_drive_this_one_loop():
     spec = importlib.util.spec_from_file_location("bench_grpo_cpu", Path(__file__).parents[2] / "tools" / "bench_grpo_cpu.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    for module in (trainer_node.training, lab.simulate, tool):
-        assert module.run_loop is loop.run_loop, module.__name__
+    assert tool.run_loop is loop.run_loop
+    # train and simulate run the configured training engine; this project's own, the default, is run_loop
+    from trainer_node.integrations import support
+
+    for module in (trainer_node.training, lab.simulate):
+        assert module.TRAINING_ENGINES is support.TRAINING_ENGINES, module.__name__
+    sentinel = object()
+    original = loop.run_loop
+    try:
+        loop.run_loop = lambda *args: sentinel
+        engine = support.TRAINING_ENGINES.get(parse_config({"model": {"tiny": True}}).engine.name)()
+        assert engine.run(type("Setup", (), {"trainer": None})(), None, None, None, None, None) is sentinel
+    finally:
+        loop.run_loop = original
