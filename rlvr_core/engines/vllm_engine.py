@@ -38,8 +38,9 @@ Design:
   Then the prefix cache is reset so no KV block computed with the old weights is reused. The
   earlier path through `llm.llm_engine.model_executor.driver_worker.model_runner.model` exists
   only when the worker lives in this process, which current multi-process vLLM does not do.
-  Cost: each push copies the weights device -> host -> worker device; vLLM's own NCCL/IPC weight
-  transfer would avoid the host hop, and is not used here. The callable travels by reference
+  Cost: each push copies the weights device -> host -> worker device and serializes them; vLLM's
+  docs recommend collective_rpc for control messages and a separate data plane (its NCCL weight
+  transfer, CUDA IPC) for tensors, which would avoid the host hop and is not used here. The callable travels by reference
   (cloudpickle): the workers must import this project (same environment, PYTHONPATH).
 - Version range (pyproject `gpu` extra): vLLM 0.27.0-0.32.0, the releases whose wheels pin
   torch==2.13.0, the torch this project pins (0.22-0.26 pin 2.11.0, 0.33 pins 2.14.0; read from
@@ -47,7 +48,8 @@ Design:
   kwargs=None)`, `LLM.generate(prompts, sampling_params, use_tqdm=...)`, `LLM.reset_prefix_cache()`
   and `SamplingParams(n, temperature, top_p, max_tokens, seed, ...)` are the documented API this
   file uses. With n > 1, vLLM V1 runs sample i of a seeded request as a child request with seed
-  `seed + i`, so sample i of a row depends only on (seed, row key, i) (read, not run).
+  `seed + i` (vllm/v1/engine/parallel_sampling.py), so sample i of a row depends only on
+  (seed, row key, i) (read, not run).
 """
 
 from __future__ import annotations
