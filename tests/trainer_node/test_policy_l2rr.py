@@ -362,7 +362,7 @@ def test_uniform_q_ablation_never_queries():
 def test_unknown_estimator_lists_known():
     with pytest.raises(ValueError, match="lookahead"):
         l2rr(make_pool(), estimator="bogus")
-    with pytest.raises(ValueError, match="unknown hypergradient estimator 'bogus'; known: lookahead, spsa"):
+    with pytest.raises(ValueError, match="unknown hypergradient estimator 'bogus'; known: lookahead, release_difference, spsa"):
         build_estimator("bogus", EstimatorSettings())
 
 

@@ -169,6 +169,9 @@ def send_query(
     context can (OwnerFeedback.submit_lookahead: candidates built, uploaded and scored off the
     training thread); otherwise built and answered now. The caller reads the release from the
     returned handle either way."""
+    if not weights:  # the current model alone (release_difference): nothing to build
+        submit_current = getattr(feedback, "submit", None) if asynchronous else None
+        return submit_current([]) if submit_current is not None else AnsweredFeedback(feedback.evaluate([]))
     submit = getattr(feedback, "submit_lookahead", None) if asynchronous else None
     if submit is not None:
         return submit(batch, weights)
@@ -205,6 +208,12 @@ class DataPolicy(ABC):
 
     def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
         """Called with the training batch before the optimizer step."""
+
+    def after_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
+        """An engine that runs the update itself (TRL, verl: trainer_node/integrations/) calls this
+        instead of before_update, once `batch` is trained; its `feedback` offers releases of the
+        current model only (no candidates). Default: what before_update does without feedback."""
+        self.before_update(step, batch, None)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state for checkpoint/resume (the rng is saved by the trainer)."""

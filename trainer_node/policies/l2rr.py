@@ -8,7 +8,8 @@ Per step:
   3. Allocate rollouts by the prompt's Bernoulli variance: n * 4p(1-p), clipped to [min, n].
   4. Train on the groups with reward variance (zero-variance groups have zero GRPO gradient).
   5. If the trainer allows a feedback query this step, spend ONE query on a hypergradient of
-     target accuracy w.r.t. q (estimator: "lookahead" or "spsa", l2rr_estimators.py) and take
+     target accuracy w.r.t. q (estimator: "lookahead", "spsa" or "release_difference",
+     l2rr_estimators.py; engines that own their step call after_update instead) and take
      a mirror-ascent step on q's logits: eta_q * gain * (normalised hypergradient
      - lambda * centred cluster waste). With max_staleness > 0 the query is asynchronous:
      training goes on, and the step is taken when the release arrives, at most
@@ -47,6 +48,8 @@ from trainer_node.policies.l2rr_estimators import (
     HypergradientEstimate,
     QueryPlan,
     build_estimator,
+    candidate_free_estimators,
+    estimator_class,
     estimator_names,
 )
 from trainer_node.policies.l2rr_rules import (
@@ -55,7 +58,7 @@ from trainer_node.policies.l2rr_rules import (
     mixed_distribution,
     predicted_waste,
 )
-from trainer_node.policies.options import PolicyOptions
+from trainer_node.policies.options import CandidateNeed, PolicyOptions
 
 
 class L2rrOptions(PolicyOptions):
@@ -74,7 +77,8 @@ class L2rrOptions(PolicyOptions):
     estimator: str = Field(
         default="lookahead",
         description="Hypergradient estimator (l2rr_estimators.py): 'lookahead' (provisional default) or "
-        "'spsa'.",
+        "'spsa' (both need lookahead candidates: this project's own loop only), or 'release_difference' "
+        "(releases of the current model only: any engine, TRL and verl included).",
     )
     eta_q: float = Field(default=0.1, ge=0, description="Mirror-ascent step on the cluster logits per query.")
     q_floor: float = Field(
@@ -97,6 +101,18 @@ class L2rrOptions(PolicyOptions):
     spsa_a: float = Field(default=1.0, gt=0, description="SPSA step gain at k = 0.")
     spsa_A: float = Field(default=10.0, ge=0, description="SPSA stability constant A.")
     spsa_c: float = Field(default=0.5, gt=0, description="SPSA perturbation size in log-weight space.")
+    release_decay: float = Field(
+        default=0.8, gt=0, le=1, description="release_difference: weight kept per query by older "
+        "(trained-mix deviation, accuracy change) pairs of its regression."
+    )
+    release_ridge: float = Field(
+        default=0.1, gt=0, description="release_difference: ridge of its regression, relative to the mean "
+        "squared deviation."
+    )
+    release_baseline_beta: float = Field(
+        default=0.8, ge=0, lt=1, description="release_difference: EMA of the accuracy change per update (the "
+        "baseline taken off each change)."
+    )
     max_staleness: int = Field(
         default=8, ge=0,
         description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
@@ -125,6 +141,18 @@ class L2rrOptions(PolicyOptions):
             spsa_a=self.spsa_a,
             spsa_A=self.spsa_A,
             spsa_c=self.spsa_c,
+            release_decay=self.release_decay,
+            release_ridge=self.release_ridge,
+            release_baseline_beta=self.release_baseline_beta,
+        )
+
+    def candidate_need(self) -> CandidateNeed | None:
+        if not self.learn_q or not estimator_class(self.estimator).needs_candidates:
+            return None
+        return CandidateNeed(
+            field="estimator",
+            fix=f"set policy.estimator to one that needs only releases of the current model "
+            f"({', '.join(repr(n) for n in candidate_free_estimators())}), or policy.learn_q = false",
         )
 
 
@@ -237,11 +265,33 @@ class L2rrPolicy(DataPolicy):
 
     def before_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
         self.collect_feedback(step)  # a release that arrived since the last step
-        if not self.options.learn_q or feedback is None or not batch or self._in_flight is not None:
+        self._maybe_query(step, batch, feedback)  # about the model before this batch's update
+        self._record_trained(batch)
+
+    def after_update(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
+        """For an engine that runs the update itself (trainer_node/integrations/): `batch` is trained
+        now, and a query measures the model with it. Only estimators without candidates can be asked
+        here (the config check refuses the others before a run starts)."""
+        if feedback is not None and self.estimator.needs_candidates and self.options.learn_q:
+            raise RuntimeError(
+                f"policy.estimator = {self.options.estimator!r} needs lookahead candidates, which this engine "
+                f"cannot build; use one of {candidate_free_estimators()}"
+            )
+        self.collect_feedback(step)
+        self._record_trained(batch)
+        self._maybe_query(step, batch, feedback)
+
+    def _record_trained(self, batch: Sequence[Group]) -> None:
+        if self.options.learn_q and batch:
+            self.estimator.record_training(self.cluster_of[[g.index for g in batch]], self.q())
+
+    def _maybe_query(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
+        if not self.options.learn_q or feedback is None or self._in_flight is not None:
             return
-        batch_clusters = self.cluster_of[[g.index for g in batch]]
-        if len(np.unique(batch_clusters)) < 2:
-            return  # one cluster: no relative information about q, don't spend budget
+        needs_batch = self.estimator.needs_candidates  # candidates are built from this batch
+        batch_clusters = self.cluster_of[[g.index for g in batch]] if batch else np.zeros(0, dtype=np.int64)
+        if needs_batch and len(np.unique(batch_clusters)) < 2:
+            return  # no batch, or one cluster: no relative information about q, don't spend budget
         if not feedback.should_query(step):
             return
         plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
@@ -275,6 +325,8 @@ class L2rrPolicy(DataPolicy):
         whatever the accuracy scale or DP noise level; unobserved clusters get 0.
         """
         observed = estimate.observed
+        if not observed.any():
+            return  # nothing learnt (e.g. release_difference's first release): q and the scale stay
         grad = np.where(observed, estimate.grad, 0.0)
         if observed.any():
             grad[observed] -= grad[observed].mean()

@@ -8,6 +8,16 @@ the target accuracy of the model one update after training on the current batch:
   g_c = acc(theta_c) - acc(theta). Estimates dAcc/dq_c (mirror-ascent coordinates).
 - "spsa": two candidates whose batch is importance-reweighted to the cluster mixes
   q * exp(+-c_k * Delta); g = (y+ - y-) / (2 c_k) * Delta. Estimates dAcc/d(log q).
+- "release_difference": no candidates at all. Each query is one release of the CURRENT model;
+  the change in released accuracy since the previous release is regressed (ridge, decayed
+  sufficient statistics) on the cluster mix actually trained in between, less q's share, after
+  a baseline (the EMA of the change per step) is taken off. Estimates dAcc/dq_c up to a constant.
+
+What an estimator needs is a capability, `needs_candidates`: lookahead and spsa need lookahead
+candidates (extra training passes that only this project's own loop offers); release_difference
+needs only releases of the current checkpoint, so it also runs inside engines that own their
+training step (TRL, verl: trainer_node/integrations/). An engine declares what it offers and
+L2RR's config check refuses an estimator it cannot serve (trainer_node/integrations/support.py).
 
 Each estimator says what to ask (`plan`: one group-weight vector per candidate) and how to
 read the answer (the plan's `conclude`: the release -> an estimate), so the query can be
@@ -41,6 +51,9 @@ class EstimatorSettings:
     spsa_a: float = 1.0  # step gain at k = 0: a_k = spsa_a * ((1 + A) / (k + 1 + A)) ** 0.602
     spsa_A: float = 10.0  # stability constant A (Spall: ~10% of the expected iterations)
     spsa_c: float = 0.5  # perturbation size in log-weight space: c_k = spsa_c / (k + 1) ** 0.101
+    release_decay: float = 0.8  # release_difference: weight of older (deviation, residual) pairs per query
+    release_ridge: float = 0.1  # release_difference: ridge, relative to the mean squared deviation
+    release_baseline_beta: float = 0.8  # release_difference: EMA of the accuracy change per step
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,9 @@ class QueryPlan:
 
 class HypergradientEstimator(ABC):
     name: ClassVar[str] = ""  # set by registration
+    needs_candidates: ClassVar[bool] = True
+    """Its queries carry lookahead candidates (extra training passes of the engine); False: only
+    releases of the current model, which any engine can offer."""
 
     def __init__(self, settings: EstimatorSettings):
         self.settings = settings
@@ -89,6 +105,12 @@ class HypergradientEstimator(ABC):
         accuracies = feedback.evaluate(feedback.candidates(batch, plan.weights))
         return None if accuracies is None else plan.conclude(accuracies)
 
+    def record_training(self, batch_clusters: np.ndarray, q: np.ndarray) -> None:
+        """One training batch (cluster id per group) was trained into the model while q was `q`.
+
+        Called for every update, after the step's query (if any) was planned: the next release
+        measures a model that includes this batch. Estimators that read only their candidates ignore it."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -111,6 +133,16 @@ def estimator_names() -> list[str]:
 def build_estimator(name: str, settings: EstimatorSettings) -> HypergradientEstimator:
     """Create a registered estimator by name. Known names: see estimator_names()."""
     return ESTIMATORS.get(name)(settings)
+
+
+def estimator_class(name: str) -> type[HypergradientEstimator]:
+    """The class registered as `name`, for its capabilities (needs_candidates)."""
+    return ESTIMATORS.get(name)
+
+
+def candidate_free_estimators() -> list[str]:
+    """Estimators that need only releases of the current model (any engine can serve them)."""
+    return [name for name in estimator_names() if not ESTIMATORS.get(name).needs_candidates]
 
 
 def _released(accuracies: Sequence[float], candidates: int, base_optional: bool = False) -> np.ndarray:
@@ -199,3 +231,121 @@ class SpsaEstimator(HypergradientEstimator):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iterations = int(state["iterations"])
+
+
+@ESTIMATORS.register("release_difference")
+class ReleaseDifferenceEstimator(HypergradientEstimator):
+    """Change between consecutive releases of the current model, regressed on the mix trained in between.
+
+    docs/L2RR.md ("release_difference") has the derivation. Per query k (one release, one
+    checkpoint: the base) with the previous successful release k':
+        D_k  = sum over the updates since k' of (share of cluster c in the trained batch - q_c)
+        r_k  = (acc_k - acc_k') - n_k * b         (n_k updates; b: EMA of the change per update)
+        A   <- decay * A + D_k D_k^T,   v <- decay * v + r_k D_k
+        g    = (A + ridge * mean(diag A) * I)^-1 v
+    g estimates dAcc/dq_c up to a constant (the deviations sum to 0, so the common part is the
+    baseline's); L2RR centres it anyway. A failed query's interval is folded into the next one.
+    """
+
+    needs_candidates = False
+
+    def __init__(self, settings: EstimatorSettings):
+        super().__init__(settings)
+        self.clusters = 0  # C, fixed by the first batch or query seen
+        self.deviation: np.ndarray = np.zeros(0)  # sum of (share - q) since the last planned query
+        self.updates = 0  # updates since the last planned query
+        self.segments: list[tuple[int, list[float], int]] = []  # planned, unanswered: (query id, D, n)
+        self.queries_planned = 0
+        self.last_release: float | None = None
+        self.baseline = 0.0  # EMA of the accuracy change per update (bias-corrected by baseline_updates)
+        self.baseline_updates = 0
+        self.gram: np.ndarray = np.zeros((0, 0))  # A
+        self.moment: np.ndarray = np.zeros(0)  # v
+
+    def _size(self, clusters: int) -> None:
+        if self.clusters == 0:
+            self.clusters = clusters
+            self.deviation = np.zeros(clusters)
+            self.gram = np.zeros((clusters, clusters))
+            self.moment = np.zeros(clusters)
+        elif clusters != self.clusters:
+            raise ValueError(f"release_difference: {clusters} clusters, the estimator was built for {self.clusters}")
+
+    def record_training(self, batch_clusters, q):
+        self._size(len(q))
+        if len(batch_clusters) == 0:
+            return
+        share = np.bincount(np.asarray(batch_clusters, dtype=np.int64), minlength=len(q)) / len(batch_clusters)
+        self.deviation = self.deviation + (share - np.asarray(q, dtype=np.float64))
+        self.updates += 1
+
+    def plan(self, batch, batch_clusters, q, rng):
+        self._size(len(q))
+        query = self.queries_planned
+        self.queries_planned += 1
+        self.segments.append((query, self.deviation.tolist(), self.updates))
+        self.deviation, self.updates = np.zeros(self.clusters), 0
+
+        def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
+            accuracy = float(_released(accuracies, 0)[0])
+            return self._conclude(query, accuracy)
+
+        return QueryPlan([], conclude)
+
+    def _conclude(self, query: int, accuracy: float) -> HypergradientEstimate:
+        # Every interval planned up to this query (a failed query's too) ends at this release.
+        ended = [s for s in self.segments if s[0] <= query]
+        self.segments = [s for s in self.segments if s[0] > query]
+        deviation = np.sum([np.asarray(s[1]) for s in ended], axis=0) if ended else np.zeros(self.clusters)
+        updates = sum(s[2] for s in ended)
+        previous, self.last_release = self.last_release, accuracy
+        nothing = HypergradientEstimate(np.zeros(self.clusters), np.zeros(self.clusters, dtype=bool))
+        if previous is None or updates == 0:
+            return nothing  # the first release only sets the reference
+        change = accuracy - previous
+        s = self.settings
+        per_update = change / updates
+        if self.baseline_updates == 0:
+            residual = 0.0  # no baseline yet: this interval only teaches the baseline and the Gram matrix
+        else:
+            residual = change - updates * self.baseline / (1 - s.release_baseline_beta**self.baseline_updates)
+        self.baseline = s.release_baseline_beta * self.baseline + (1 - s.release_baseline_beta) * per_update
+        self.baseline_updates += 1
+        self.gram = s.release_decay * self.gram + np.outer(deviation, deviation)
+        self.moment = s.release_decay * self.moment + residual * deviation
+        scale = float(np.mean(np.diag(self.gram)))
+        observed = np.diag(self.gram) > 0
+        if scale <= 0:
+            return nothing
+        grad = np.linalg.solve(self.gram + s.release_ridge * scale * np.eye(self.clusters), self.moment)
+        return HypergradientEstimate(np.where(observed, grad, 0.0), observed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "clusters": self.clusters,
+            "deviation": self.deviation.tolist(),
+            "updates": self.updates,
+            "segments": [[q, list(d), n] for q, d, n in self.segments],
+            "queries_planned": self.queries_planned,
+            "last_release": self.last_release,
+            "baseline": self.baseline,
+            "baseline_updates": self.baseline_updates,
+            "gram": self.gram.tolist(),
+            "moment": self.moment.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        clusters = int(state["clusters"])
+        gram = np.asarray(state["gram"], dtype=np.float64).reshape(clusters, clusters)
+        deviation = np.asarray(state["deviation"], dtype=np.float64).reshape(clusters)
+        moment = np.asarray(state["moment"], dtype=np.float64).reshape(clusters)
+        segments = [(int(q), [float(x) for x in d], int(n)) for q, d, n in state["segments"]]
+        if any(len(d) != clusters for _, d, _ in segments):
+            raise ValueError(f"release_difference state: a segment does not have {clusters} clusters")
+        last = state["last_release"]
+        self.clusters, self.gram, self.deviation, self.moment, self.segments = (
+            clusters, gram, deviation, moment, segments
+        )
+        self.updates, self.queries_planned = int(state["updates"]), int(state["queries_planned"])
+        self.last_release = None if last is None else float(last)
+        self.baseline, self.baseline_updates = float(state["baseline"]), int(state["baseline_updates"])

@@ -18,6 +18,7 @@ Light on purpose (pydantic only): trainer_node/config.py imports it at start-up.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field
@@ -25,6 +26,16 @@ from pydantic import Field
 from rlvr_core.configuration import OptionsSection
 
 DEFAULT_POLICY = "uniform"
+
+
+@dataclass(frozen=True)
+class CandidateNeed:
+    """Why these options need lookahead candidates (extra training passes of the engine)."""
+
+    field: str
+    """The option, inside [policy], that asks for them (L2RR: estimator)."""
+    fix: str
+    """What to set instead, in words."""
 
 
 class PolicyOptions(OptionsSection):
@@ -35,6 +46,11 @@ class PolicyOptions(OptionsSection):
 
     def sweep_value(self) -> float | None:
         """The effective value of `sweep_parameter` in these options (None without one)."""
+        return None
+
+    def candidate_need(self) -> CandidateNeed | None:
+        """None when these options need no lookahead candidates from the engine; an engine that cannot
+        build them (TRL, verl) refuses the config at load (trainer_node/integrations/support.py)."""
         return None
 
     name: str = Field(default=DEFAULT_POLICY, description="A registered data policy (trainer_node.policies).")
