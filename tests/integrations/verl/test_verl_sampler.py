@@ -345,3 +345,13 @@ def test_the_documented_launch_config_composes_with_verls_hydra_config():
     from verl.trainer import main_ppo_v0
 
     assert issubclass(runner.__ray_actor_class__, main_ppo_v0.TaskRunner.__ray_actor_class__)
+
+
+def test_the_entry_point_refuses_verls_v1_trainer_before_starting_ray(tmp_path, monkeypatch, capsys):
+    if adapter.CURRICULUM_HOOK:
+        pytest.skip("route 1 is verl >= 0.8's")
+    monkeypatch.chdir(tmp_path)  # Hydra writes its outputs/ folder here
+    monkeypatch.setattr(adapter, "l2rr_task_runner", lambda: pytest.fail("ray must not start"))
+    with pytest.raises(SystemExit):
+        adapter.main(["trainer.use_v1=True", "+data.l2rr.policy.name=l2rr"])
+    assert "trainer.use_v1 must be False" in capsys.readouterr().err
