@@ -242,22 +242,6 @@ def test_a_batch_that_does_not_match_the_dataset_is_refused(train_file, tokenize
         adapter.batch_rewards(step_batch(batch_dict, algebra_is_solved), sampler.position_of, "score")
 
 
-# --- checkpoints verl saves ---------------------------------------------------------------------
-
-
-def test_latest_hf_checkpoint_follows_verls_layout(tmp_path):
-    with pytest.raises(FileNotFoundError, match="trainer.save_freq"):
-        adapter.latest_hf_checkpoint(tmp_path)
-    (tmp_path / "latest_checkpointed_iteration.txt").write_text("20")
-    folder = tmp_path / "global_step_20" / "actor" / "huggingface"
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="save_contents"):
-        adapter.latest_hf_checkpoint(tmp_path)
-    (folder / "model.safetensors").write_bytes(b"")
-    assert adapter.latest_hf_checkpoint(tmp_path) == folder
-
-
 # --- feedback from the checkpoints verl saves, against a real owner process -----------------------
 
 
