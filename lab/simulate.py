@@ -32,7 +32,8 @@ from trainer_node.config import TrainConfig, parse_config, with_overrides
 from trainer_node.feedback.client import TargetFeedbackClient
 from trainer_node.feedback.hook import OwnerFeedbackHook
 from trainer_node.feedback.selection import CheckpointSelector
-from trainer_node.loop import Schedule, run_loop
+from trainer_node.integrations.support import TRAINING_ENGINES
+from trainer_node.loop import Schedule
 from trainer_node.run_output import RunOutput
 from trainer_node.training import build_training, connect_feedback
 
@@ -158,8 +159,9 @@ class Simulation:
             cfg.save_resolved(self.run_dir)
             output = RunOutput(self.run_dir, cfg.run.steps, progress=opts.progress)
             # No checkpoints: a simulated run is measured, not resumed.
-            result = run_loop(trainer, output, Schedule(steps=cfg.run.steps, eval_every=cfg.run.eval_every),
-                              evaluation, hook)
+            engine = TRAINING_ENGINES.get(cfg.engine.name)()  # the project's own loop, or TRL's (integrations/)
+            result = engine.run(setup, output, Schedule(steps=cfg.run.steps, eval_every=cfg.run.eval_every),
+                                evaluation, hook, feedback)
             selection, selected_test = result.feedback.selection, None
             if selection is not None:
                 selected_test = evaluation.evaluate_checkpoint(selection.chosen.checkpoint_id, "target_test_selected")

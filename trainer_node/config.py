@@ -203,6 +203,46 @@ class RolloutConfig(Section):
         return self.options.model_dump() if hasattr(self.options, "model_dump") else dict(self.options)
 
 
+class EngineConfig(Section):
+    """Which training engine runs the GRPO steps (trainer_node/integrations/support.py)."""
+
+    name: str = Field(
+        default="trainer_node",
+        description="A registered training engine: 'trainer_node' (this project's own loop: every policy and "
+        "estimator) or 'trl' (TRL's GRPOTrainer, the `trl` extra: policies l2rr or uniform, L2RR with "
+        "estimator = \"release_difference\"; docs/SCALE.md).",
+    )
+    options: Any = Field(
+        default=None, validate_default=True,
+        description="The engine's options, typed by its registered options model (trl: loss_type, beta, ...).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        from trainer_node.integrations.support import TRAINING_ENGINES
+
+        if name not in TRAINING_ENGINES:
+            raise ValueError(f"unknown training engine {name!r}; known: {', '.join(TRAINING_ENGINES.names())}")
+        return name
+
+    @field_validator("options")
+    @classmethod
+    def _typed_options(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.data.get("name")
+        if name is None:
+            return value  # the name's own error is reported already
+        from trainer_node.integrations.support import TRAINING_ENGINES
+
+        raw = {} if value is None else value
+        model = TRAINING_ENGINES.options_model(name)
+        if model is None:
+            if raw:
+                raise ValueError(f"training engine {name!r} takes no options; remove [engine.options]")
+            return None
+        return validate_options(model, raw, part=f"training engine {name!r}")
+
+
 class RunConfig(Section):
     """Length, seed, outputs and device of the run."""
 
@@ -441,6 +481,10 @@ class TrainConfig(Section):
         default_factory=GRPOSettings, description="Advantage, loss and optimizer of the update."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout generation.")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig, description="The training engine: this project's own loop, or TRL's "
+        "GRPOTrainer (docs/SCALE.md)."
+    )
     run: RunConfig = Field(default_factory=RunConfig, description="Length, seed, outputs, device.")
     feedback: FeedbackConfig | OwnersFeedbackConfig | None = Field(
         default=None, description="A remote target owner (absent = none), or several: [[feedback.owners]] "
@@ -481,6 +525,9 @@ class TrainConfig(Section):
     def _cross_checks(self) -> TrainConfig:
         if isinstance(self.feedback, OwnersFeedbackConfig):
             check_aggregation(self.feedback, self.owners)
+        from trainer_node.integrations.support import check_engine_support, engine_support
+
+        check_engine_support(self.policy, engine_support(self.engine.name))  # names the field and the fix
         if self.grpo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be smaller than "

@@ -32,7 +32,7 @@ from trainer_node.config import ConfigError, DataConfig, FeedbackConfig, ModelCo
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.grpo.checkpoint import latest_checkpoint, load_checkpoint
 from trainer_node.grpo.trainer import GRPOTrainer, StepCallback
-from trainer_node.loop import Schedule, run_loop
+from trainer_node.loop import Schedule
 from trainer_node.policies.base import DataPolicy, FeedbackContext, SourcePool, build_policy, policy_class
 from trainer_node.run_output import RunOutput
 
@@ -430,6 +430,12 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
         feedback = connect_several(setup, several, run_dir)
         hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     config.save_resolved(run_dir)
+    from trainer_node.integrations.support import TRAINING_ENGINES
+
+    engine = TRAINING_ENGINES.get(config.engine.name)
+    if resume is not None and not engine.resumable:
+        raise ConfigError(f"--resume: training engine {config.engine.name!r} does not resume this project's "
+                          "checkpoints; start a fresh run")
     if resume is not None:
         checkpoint = latest_checkpoint(resume)
         load_checkpoint(trainer, checkpoint)
@@ -438,7 +444,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     schedule = Schedule(steps=config.run.steps, eval_every=config.run.eval_every,
                         save_every=config.run.save_every, checkpoint_dir=run_dir / "checkpoints")
     try:
-        result = run_loop(trainer, output, schedule, SourceEvaluation(setup), hook)
+        result = engine().run(setup, output, schedule, SourceEvaluation(setup), hook, feedback)
     finally:
         if feedback is not None:
             feedback.client.close()

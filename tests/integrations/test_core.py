@@ -21,13 +21,15 @@ from trainer_node.integrations.core import (
 )
 from trainer_node.integrations.support import (
     OWN_LOOP,
+    TRAINING_ENGINES,
     EngineSupport,
     check_engine_support,
+    engine_support,
     unsupported_reason,
 )
 from trainer_node.policies.base import build_policy, parse_policy_options
 
-NO_CANDIDATES = EngineSupport(engine="trl", lookahead_candidates=False)
+NO_CANDIDATES = EngineSupport(engine="trl", lookahead_candidates=False, any_policy=False)
 
 
 # --- engine support -------------------------------------------------------------------------
@@ -48,10 +50,21 @@ def test_an_engine_without_candidates_refuses_lookahead_and_spsa_naming_the_fiel
     {"name": "l2rr", "estimator": "release_difference"},
     {"name": "l2rr", "estimator": "lookahead", "learn_q": False},  # no queries: nothing to build
     {"name": "uniform"},
-    {"name": "dapo"},
 ])
 def test_policies_that_need_no_candidates_pass(table):
     check_engine_support(parse_policy_options(table), NO_CANDIDATES)
+
+
+@pytest.mark.parametrize("name", ["dapo", "greso", "ar3po"])
+def test_policies_that_pick_prompts_themselves_need_the_own_loop(name):
+    options = parse_policy_options({"name": name})
+    assert unsupported_reason(options, NO_CANDIDATES).startswith(f"policy.name: {name!r} chooses its prompts")
+    assert unsupported_reason(options, OWN_LOOP) is None
+
+
+def test_engine_registry_declares_capabilities():
+    assert engine_support("trainer_node") == OWN_LOOP
+    assert TRAINING_ENGINES.get("trainer_node").extra is None
 
 
 # --- the index stream -----------------------------------------------------------------------
@@ -232,3 +245,23 @@ def test_q_without_a_learnt_distribution_is_the_pools_share():
     pool = make_pool(per_cluster=3)
     run = EngineRun(build_policy({"name": "uniform"}, pool, np.random.default_rng(0)), pool)
     assert run.q() == pytest.approx(np.full(4, 0.25))
+
+
+def test_the_config_edge_refuses_what_the_engine_cannot_serve():
+    from rlvr_core.configuration import ConfigError
+    from trainer_node.config import parse_config
+
+    base = {"model": {"tiny": True}, "engine": {"name": "trl"}}
+    with pytest.raises(ConfigError, match=r"policy\.estimator: 'lookahead' needs lookahead candidates .* engine 'trl'"):
+        parse_config({**base, "policy": {"name": "l2rr"}})
+    with pytest.raises(ConfigError, match=r"policy\.name: 'greso' chooses its prompts itself"):
+        parse_config({**base, "policy": {"name": "greso"}})
+    with pytest.raises(ConfigError, match=r"engine\.options\.loss_typ: not an option of training engine 'trl'; "
+                                          r"did you mean 'loss_type'"):
+        parse_config({**base, "engine": {"name": "trl", "options": {"loss_typ": "grpo"}},
+                      "policy": {"name": "uniform"}})
+    with pytest.raises(ConfigError, match=r"engine\.name: unknown training engine 'tlr'; known: trainer_node, trl"):
+        parse_config({"model": {"tiny": True}, "engine": {"name": "tlr"}})
+    config = parse_config({**base, "policy": {"name": "l2rr", "estimator": "release_difference"}})
+    assert config.engine.options.loss_type == "dapo" and config.to_json()["engine"]["name"] == "trl"
+    assert parse_config({"model": {"tiny": True}}).engine.name == "trainer_node"  # the default: our own loop

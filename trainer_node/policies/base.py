@@ -189,6 +189,10 @@ class DataPolicy(ABC):
     """Learns from the target owner (gets a FeedbackContext in before_update)."""
     simulation_only: ClassVar[bool] = False
     """Needs knowledge only a simulation has (e.g. the target's composition); `train` refuses it."""
+    cluster_sampler: ClassVar[bool] = False
+    """Its draws are a cluster distribution (`q()`, uniform over prompts without one), which an
+    engine's shared index stream reproduces (trainer_node/integrations/); False: it picks prompts
+    itself (rounds, filters, replays), so only this project's own loop runs it."""
 
     def __init__(self, pool: SourcePool, options: PolicyOptions, rng: np.random.Generator):
         self.pool = pool

@@ -168,6 +168,7 @@ class InFlightQuery:
 @POLICIES.register("l2rr", options=L2rrOptions)
 class L2rrPolicy(DataPolicy):
     uses_target_feedback = True
+    cluster_sampler = True  # in an engine: clusters ~ q, prompts uniform inside (docs/SCALE.md)
     options: L2rrOptions
 
     def __init__(self, pool: SourcePool, options: L2rrOptions, rng: np.random.Generator):

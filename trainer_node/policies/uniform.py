@@ -18,6 +18,7 @@ class UniformOptions(PolicyOptions):
 
 @POLICIES.register("uniform", options=UniformOptions)
 class UniformPolicy(DataPolicy):
+    cluster_sampler = True  # uniform over prompts = clusters by their share of the pool
     options: UniformOptions
 
     def next_requests(self, step: int, so_far: StepRollouts) -> list[RolloutRequest]:
