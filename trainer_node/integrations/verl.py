@@ -53,8 +53,9 @@ from trainer_node.policies.base import SourcePool, build_policy, parse_policy_op
 
 log = logging.getLogger("trainer_node.integrations.verl")
 
-VERL = EngineSupport(engine="verl", lookahead_candidates=False)
-"""verl's trainer owns its step: releases of its current model only, no lookahead candidates."""
+VERL = EngineSupport(engine="verl", lookahead_candidates=False, any_policy=False)
+"""verl's trainer owns its step: releases of its current model only, no lookahead candidates, and
+prompts drawn through the core's index stream (policies that draw from a cluster distribution)."""
 
 
 def _sampler_base() -> type:

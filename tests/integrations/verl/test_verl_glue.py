@@ -30,7 +30,7 @@ def rows(indices, sources=("a", "b")):
 def test_the_module_imports_without_verl_and_names_its_base():
     if importlib.util.find_spec("verl") is None:
         assert adapter.SAMPLER_BASE.__module__ == "torch.utils.data.sampler" and not adapter.CURRICULUM_HOOK
-    assert adapter.VERL.lookahead_candidates is False
+    assert adapter.VERL.lookahead_candidates is False and adapter.VERL.any_policy is False
 
 
 def test_the_pool_follows_the_dataset_order_and_reads_rows_back_by_index():

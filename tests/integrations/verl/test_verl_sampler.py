@@ -171,6 +171,9 @@ def test_bad_configs_are_refused_naming_the_key(train_file, tokenizer, tmp_path)
     config = data_config(tmp_path, policy={"name": "l2rr", "estimator": "lookahead"})
     with pytest.raises(ValueError, match="policy.estimator: 'lookahead' needs lookahead candidates"):
         adapter.L2RRSampler(dataset_for(train_file, tokenizer, config), config)
+    config = data_config(tmp_path, policy={"name": "dapo"})
+    with pytest.raises(ValueError, match="policy.name: 'dapo' chooses its prompts itself"):
+        adapter.L2RRSampler(dataset_for(train_file, tokenizer, config), config)
     with pytest.raises(ValueError, match=r"(?s)data.l2rr: .*reward_kye.*did you mean 'reward_key'"):
         adapter.read_options(OmegaConf.create({"l2rr": {"reward_kye": "acc"}}))
     launch = OmegaConf.create({"trainer": {"use_v1": True}, "data": {"l2rr": {}}})
