@@ -1,12 +1,13 @@
 """vLLM generation engine for GPU runs (name "vllm").
 
-UNVERIFIED: written against vLLM's documented API (LLM, SamplingParams, LLM.generate) and
-TRL's colocate-mode weight sync; vLLM is not installed anywhere this project is tested, so
-no line below the import guard has ever run. Install with the `gpu` extra
-(`pip install -e .[gpu]`) and expect to adjust details for the vLLM version you get.
+UNVERIFIED: written against vLLM's documented API (LLM, SamplingParams, LLM.generate,
+LLM.collective_rpc); vLLM cannot be installed on this project's test machine nor on the lent
+GPU machine, so no line below the import guard has run against a real vLLM. CPU tests drive it
+with a fake `LLM` that has vLLM's method signatures (tests/rlvr_core/test_engines_vllm.py).
+Install with the `gpu` extra (`pip install -e .[gpu]`) and expect to adjust details.
 
 Design:
-- Options (`VLLMEngineOptions`): model_path, gpu_memory_utilization, dtype, and `llm_args`,
+- Options (`VLLMEngineOptions`): model_path, gpu_memory_utilization, dtype, weight_bucket_mb and `llm_args`,
   further vllm.LLM keyword arguments (never the ones this engine sets itself, such as
   trust_remote_code or load_format).
 - vLLM loads the checkpoint itself from a local directory (`model_path` option, else the
@@ -28,18 +29,33 @@ Design:
   fixed padded batches: its continuous batching and kernels do NOT make a row's floats
   independent of its batch-mates, so exact add-one-row invariance is not guaranteed with
   this engine (use "transformers" for DP evaluation, or check vLLM's batch-invariant mode).
-- sync_weights() pushes the trainer's live parameters into vLLM's in-process model after each
-  optimizer step, as TRL's colocate mode does
-  (`llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)`), then
-  resets the prefix cache so no stale KV blocks are reused. That attribute path exists only
-  when the engine runs in this process: TRL passes distributed_executor_backend=
-  "external_launcher"; with vLLM V1 you may also need VLLM_ENABLE_V1_MULTIPROCESSING=0.
+- sync_weights() pushes the trainer's live parameters into every vLLM worker after each
+  optimizer step on vLLM's supported path, `LLM.collective_rpc(callable, args=...)`: the
+  module-level `load_weights_on_worker` runs inside each worker (in-process, multi-process or
+  ray executor alike) and hands a bucket of (name, CPU tensor) pairs to the worker model's own
+  `load_weights`, which shards them for tensor parallelism and fuses qkv/gate-up. Buckets of at
+  most `weight_bucket_mb` keep a 1.5B-parameter push (3 GB in bf16) from being one message.
+  Then the prefix cache is reset so no KV block computed with the old weights is reused. The
+  earlier path through `llm.llm_engine.model_executor.driver_worker.model_runner.model` exists
+  only when the worker lives in this process, which current multi-process vLLM does not do.
+  Cost: each push copies the weights device -> host -> worker device and serializes them; vLLM's
+  docs recommend collective_rpc for control messages and a separate data plane (its NCCL weight
+  transfer, CUDA IPC) for tensors, which would avoid the host hop and is not used here. The callable travels by reference
+  (cloudpickle): the workers must import this project (same environment, PYTHONPATH).
+- Version range (pyproject `gpu` extra): vLLM 0.27.0-0.32.0, the releases whose wheels pin
+  torch==2.13.0, the torch this project pins (0.22-0.26 pin 2.11.0, 0.33 pins 2.14.0; read from
+  the registry's metadata). Within that range `LLM.collective_rpc(method, timeout=None, args=(),
+  kwargs=None)`, `LLM.generate(prompts, sampling_params, use_tqdm=...)`, `LLM.reset_prefix_cache()`
+  and `SamplingParams(n, temperature, top_p, max_tokens, seed, ...)` are the documented API this
+  file uses. With n > 1, vLLM V1 runs sample i of a seeded request as a child request with seed
+  `seed + i` (vllm/v1/engine/parallel_sampling.py), so sample i of a row depends only on
+  (seed, row key, i) (read, not run).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +102,9 @@ class VLLMEngineOptions(OptionsSection):
         default_factory=dict, description="Further vllm.LLM keyword arguments, passed through (vLLM checks "
         "them)."
     )
+    weight_bucket_mb: int = Field(
+        default=512, ge=1, le=65536, description="Largest weight push message (MiB); one collective_rpc per bucket."
+    )
 
     @field_validator("llm_args")
     @classmethod
@@ -110,6 +129,7 @@ class VLLMEngine(GenerationEngine):
         gpu_memory_utilization: float = 0.3,
         dtype: str = "bfloat16",
         llm_args: dict[str, Any] | None = None,
+        weight_bucket_mb: int = 512,
     ) -> None:
         if not vllm_available():
             raise RuntimeError(VLLM_MISSING_MESSAGE)
@@ -126,6 +146,8 @@ class VLLMEngine(GenerationEngine):
         self.tokenizer = tokenizer
         self.eos_id = int(tokenizer.eos_token_id)
         self.vocab_rows = int(model.get_input_embeddings().num_embeddings)
+        self.push_dtype = PUSH_DTYPES.get(dtype)
+        self.bucket_bytes = VLLMEngineOptions(weight_bucket_mb=weight_bucket_mb).weight_bucket_mb * 2**20
         self.llm = vllm.LLM(
             model=str(path.resolve()),
             tokenizer=str(path.resolve()),
@@ -215,11 +237,42 @@ class VLLMEngine(GenerationEngine):
         return Generation(completion.text, prompt_ids, tuple(completion_ids), finished)
 
     def sync_weights(self) -> None:
-        """Push the live model's parameters into vLLM (TRL colocate path), then drop stale KV."""
-        executor = self.llm.llm_engine.model_executor
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)  # newer vLLM wraps the worker once more
-        vllm_model = worker.model_runner.model
-        with torch.no_grad():
-            vllm_model.load_weights((name, param.data) for name, param in self.model.named_parameters())
+        """Push the live model's parameters into every vLLM worker (collective_rpc), then drop stale KV."""
+        for bucket in weight_buckets(self.model, self.bucket_bytes, self.push_dtype):
+            self.llm.collective_rpc(load_weights_on_worker, args=(bucket,))
         self.llm.reset_prefix_cache()
+
+
+# The dtype weights travel in: the engine's dtype (vLLM would cast on load anyway), so a bf16
+# engine moves half the bytes of a float32 trainer; "auto" keeps the trainer's dtype.
+PUSH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def weight_buckets(
+    model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype | None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The model's named parameters as detached CPU tensors, in buckets of at most `bucket_bytes`
+    (a single larger tensor goes alone). CPU, because the tensors cross vLLM's process boundary."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            tensor = param.detach().to(device="cpu", dtype=dtype or param.dtype)
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+    if bucket:
+        yield bucket
+
+
+def load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside each vLLM worker (sent by LLM.collective_rpc, which passes the worker first):
+    loads one bucket through the model's own load_weights; returns how many tensors it took."""
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    with torch.no_grad():
+        model.load_weights(weights=weights)
+    return len(weights)
