@@ -431,10 +431,11 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
                           "checkpoints; start a fresh run")
     owner = start_owner(config)
     several = start_owners(config)
+    rank = engine.process_rank()
     rendering = several.rendering() if several else (Rendering.from_info(owner.info) if owner else None)
     setup = build_training(config, owner_rendering=rendering)
     trainer = setup.trainer
-    run_dir = Path(config.run.out_dir)
+    run_dir = rank_output_dir(Path(config.run.out_dir), rank)
     feedback = hook = None
     if isinstance(config.feedback, FeedbackConfig):
         check_owner_accepts_model(setup)
@@ -463,7 +464,15 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
         extra.update(feedback.summary() if feedback is not None else
                      {"owners": {name: {"lost_step": 0, "lost_reason": why} for name, why in several.failed.items()},
                       "owners_lost": [{"owner": n, "step": 0, "reason": why} for n, why in several.failed.items()]})
-    return output.close(extra=extra)
+    return output.close(extra=extra, print_table=rank == 0)
+
+
+def rank_output_dir(run_dir: Path, rank: int) -> Path:
+    """Where a process of a multi-process launch writes the project's run files (metrics.jsonl,
+    summary.json, the feedback state): rank 0 the run folder, another rank a folder of its own
+    inside it, so no rank truncates or overwrites rank 0's summary. The engine's own shared
+    folders (TRL's output_dir, the feedback checkpoint) stay under config.run.out_dir."""
+    return run_dir if rank == 0 else run_dir / f"rank{rank}"
 
 
 def feedback_settings(config: TrainConfig) -> Any:

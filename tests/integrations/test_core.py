@@ -265,3 +265,16 @@ def test_the_config_edge_refuses_what_the_engine_cannot_serve():
     config = parse_config({**base, "policy": {"name": "l2rr", "estimator": "release_difference"}})
     assert config.engine.options.loss_type == "dapo" and config.to_json()["engine"]["name"] == "trl"
     assert parse_config({"model": {"tiny": True}}).engine.name == "trainer_node"  # the default: our own loop
+
+
+def test_only_rank_zero_writes_the_run_folder_of_a_multi_process_launch(monkeypatch, tmp_path):
+    from trainer_node.training import rank_output_dir
+
+    assert TRAINING_ENGINES.get("trainer_node").process_rank() == 0
+    monkeypatch.setenv("RANK", "3")  # as torchrun / accelerate launch set it
+    assert TRAINING_ENGINES.get("trainer_node").process_rank() == 0  # one process, whatever the env says
+    assert TRAINING_ENGINES.get("trl").process_rank() == 3
+    monkeypatch.delenv("RANK")
+    assert TRAINING_ENGINES.get("trl").process_rank() == 0
+    assert rank_output_dir(tmp_path, 0) == tmp_path
+    assert rank_output_dir(tmp_path, 3) == tmp_path / "rank3"

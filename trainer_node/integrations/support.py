@@ -54,6 +54,12 @@ class TrainingEngine(ABC):
     """`train --resume` continues its checkpoints."""
 
     @classmethod
+    def process_rank(cls) -> int:
+        """This process's rank in a multi-process launch (0: the only or the main process). Only
+        rank 0 writes the run's summary and metrics; another rank keeps its files apart."""
+        return 0
+
+    @classmethod
     def support(cls) -> EngineSupport:
         return EngineSupport(engine=cls.name, lookahead_candidates=cls.lookahead_candidates,
                              any_policy=cls.any_policy)

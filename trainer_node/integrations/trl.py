@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -159,6 +160,11 @@ class TrlEngine(TrainingEngine):
     lookahead_candidates = False
     any_policy = False
     extra = "trl"
+
+    @classmethod
+    def process_rank(cls) -> int:
+        # torchrun and `accelerate launch` set RANK in every process before it starts.
+        return int(os.environ.get("RANK", "0") or 0)
 
     def run(self, setup, output, schedule, evaluation, hook, feedback):
         return run_trl(setup, output, schedule, evaluation, hook, feedback)
@@ -305,7 +311,9 @@ def run_trl(setup: Any, output: Any, schedule: Any, evaluation: Any, hook: Any, 
     if schedule.checkpoint_dir is not None:
         final_checkpoint = Path(schedule.checkpoint_dir) / f"trl_step_{ours.step_index}"  # HF format, not resumable
         trainer.save_model(str(final_checkpoint))
-    outcome = hook.finish(ours.step_index) if hook is not None else FeedbackOutcome()
+    # The run's last release (and its charge) happens once, on the process that talks to the owner.
+    main = trainer.accelerator.is_main_process
+    outcome = hook.finish(ours.step_index) if hook is not None and main else FeedbackOutcome()
     for extra in outcome.evals:
         output.log_eval({"step": ours.step_index, "rollouts_cumulative": ours.rollouts_cumulative, **extra})
     return LoopResult(initial, final, final_checkpoint, outcome)
