@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.base_rates import base_rates, uncommon_accuracy
 from lab.configs import simulate_defaults_path
 from lab.evaluation import OwnerTestEvaluation, domain_accuracy
 from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
@@ -156,6 +157,7 @@ class Simulation:
             hook = OwnerFeedbackHook(feedback, selector=selector, health_check=owner.check_alive)
             evaluation = OwnerTestEvaluation(client, feedback, cfg.rollout.max_new_tokens, owner.check_alive)
             cfg.save_resolved(self.run_dir)
+            uncommon = self._uncommon(setup)
             output = RunOutput(self.run_dir, cfg.run.steps, progress=opts.progress)
             # No checkpoints: a simulated run is measured, not resumed.
             result = run_loop(trainer, output, Schedule(steps=cfg.run.steps, eval_every=cfg.run.eval_every),
@@ -166,6 +168,7 @@ class Simulation:
                 output.log_eval({"step": trainer.step_index, "rollouts_cumulative": trainer.rollouts_cumulative,
                                  **selected_test})
             budget = client.budget()
+        uncommon_after = self._uncommon(setup)
 
         before, after = result.initial, result.final
         summary = {
@@ -186,6 +189,10 @@ class Simulation:
             "feedback_candidates": feedback.stats.candidates_evaluated,
             "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
+            # Is the gain in the skill or in the answer base rate? (lab/base_rates.py)
+            "base_rates": base_rates(setup.data.test),
+            "target_accuracy_uncommon_before": uncommon,
+            "target_accuracy_uncommon_after": uncommon_after,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
         if cfg.data.train_on_feedback_split:
@@ -207,6 +214,10 @@ class Simulation:
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
         print(format_summary(summary, self.run_dir))
         return merged
+
+
+    def _uncommon(self, setup: Any) -> float:
+        return uncommon_accuracy(setup.engine, setup.data.test, setup.template, self.config.rollout.max_new_tokens)
 
 
 def prompt_width(tokenizer: Any, data: Any, template: str, multiple: int = 16) -> int:
@@ -232,6 +243,10 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
          f"  ({delta:+.3f}, measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",
     ]
+    if "base_rates" in s:
+        lines.append(f"  answer base rate       {s['base_rates']['commonest_answer_accuracy']:.3f} (always the commonest "
+                     f"answer); on the other answers {s['target_accuracy_uncommon_before']:.3f} -> "
+                     f"{s['target_accuracy_uncommon_after']:.3f} (local)")
     if "owner_feedback_verifier" in s:
         lines.append(f"  owner feedback grader  {s['owner_feedback_verifier']} (the test split: exact)")
     if "selection" in s:
