@@ -29,6 +29,7 @@ from lab.evaluation import OwnerTestEvaluation, domain_accuracy
 from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
 from lab.policies import fill_simulation_options
 from rlvr_core.configuration import load_toml
+from rlvr_core.models.tiny_policy import checkpoint_digest
 from trainer_node.config import TrainConfig, parse_config, with_overrides
 from trainer_node.feedback.client import TargetFeedbackClient
 from trainer_node.feedback.hook import OwnerFeedbackHook
@@ -189,6 +190,7 @@ class Simulation:
             "feedback_candidates": feedback.stats.candidates_evaluated,
             "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
+            "initial_checkpoint_sha256": checkpoint_digest(setup.model_dir),  # runs pair only from one start
             # Is the gain in the skill or in the answer base rate? (lab/base_rates.py)
             "base_rates": base_rates(setup.data.test),
             "target_accuracy_uncommon_before": uncommon,

@@ -49,6 +49,7 @@ __all__ = [
     "TinyPolicySpec",
     "build_tiny_policy",
     "cache_key",
+    "checkpoint_digest",
     "count_parameters",
     "random_tiny_policy",
     "train_tokenizer",
@@ -68,6 +69,22 @@ def cache_key(spec: TinyPolicySpec, tokenizer_texts: list[str], sft_pairs: list[
     for part in (BUILD_CODE_VERSION, asdict(spec), tokenizer_texts, [list(pair) for pair in sft_pairs]):
         digest.update(json.dumps(part, sort_keys=True, ensure_ascii=False).encode("utf-8"))
         digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def checkpoint_digest(model_dir: str | Path) -> str:
+    """sha256 over what decides a checkpoint's behaviour: its weight files and tokenizer files
+    (name and content), not config files that record library versions. Two runs start from the
+    same policy exactly when their digests match (the bench pairs only such runs)."""
+    directory = Path(model_dir)
+    digest = hashlib.sha256()
+    files = sorted(p for p in directory.iterdir() if p.is_file() and (p.suffix == ".safetensors"
+                                                                     or p.name.startswith("tokenizer")))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors or tokenizer files to digest")
+    for path in files:
+        digest.update(path.name.encode("utf-8") + b"\x00")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
