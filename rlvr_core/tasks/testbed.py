@@ -290,7 +290,8 @@ class TestbedSpec(BaseModel):
     def _one_family_per_benchmark(cls, target: list[MixtureEntry]) -> list[MixtureEntry]:
         families: dict[str, str] = {}
         for index, entry in enumerate(target):
-            hidden = [name for name in ("corrupt", "label_quality", "skill") if name in entry.model_fields_set]
+            hidden = [name for name, value in (("corrupt", entry.corrupt), ("label_quality", entry.label_quality),
+                                                ("skill", entry.skill or None)) if value is not None]
             if hidden:
                 raise ValueError(f"[{index}]: {', '.join(hidden)} apply to source entries only (the owner's "
                                  f"labels are the truth the target is measured by); remove from the target")
