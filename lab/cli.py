@@ -16,10 +16,12 @@ from collections.abc import Callable
 import target_owner_node  # noqa: F401  the lab drives an owner: fail at once, and clearly, without one
 from lab.bench.cli import add_bench_parser
 from lab.simulate_cli import add_simulate
+from lab.testbeds import add_testbed_parser
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "simulate": add_simulate,
     "bench": add_bench_parser,
+    "testbed": add_testbed_parser,
 }
 
 

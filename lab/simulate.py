@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.base_rates import base_rates, uncommon_accuracy
 from lab.configs import simulate_defaults_path
 from lab.evaluation import OwnerTestEvaluation, domain_accuracy
 from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
 from lab.policies import fill_simulation_options
 from rlvr_core.configuration import load_toml
+from rlvr_core.models.tiny_policy import checkpoint_digest
 from trainer_node.config import TrainConfig, parse_config, with_overrides
 from trainer_node.feedback.client import TargetFeedbackClient
 from trainer_node.feedback.hook import OwnerFeedbackHook
@@ -157,6 +159,7 @@ class Simulation:
             hook = OwnerFeedbackHook(feedback, selector=selector, health_check=owner.check_alive)
             evaluation = OwnerTestEvaluation(client, feedback, cfg.rollout.max_new_tokens, owner.check_alive)
             cfg.save_resolved(self.run_dir)
+            uncommon = self._uncommon(setup)
             output = RunOutput(self.run_dir, cfg.run.steps, progress=opts.progress)
             # No checkpoints: a simulated run is measured, not resumed.
             engine = TRAINING_ENGINES.get(cfg.engine.name)()  # the project's own loop, or TRL's (integrations/)
@@ -168,6 +171,7 @@ class Simulation:
                 output.log_eval({"step": trainer.step_index, "rollouts_cumulative": trainer.rollouts_cumulative,
                                  **selected_test})
             budget = client.budget()
+        uncommon_after = self._uncommon(setup)
 
         before, after = result.initial, result.final
         summary = {
@@ -188,6 +192,11 @@ class Simulation:
             "feedback_candidates": feedback.stats.candidates_evaluated,
             "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
+            "initial_checkpoint_sha256": checkpoint_digest(setup.model_dir),  # runs pair only from one start
+            # Is the gain in the skill or in the answer base rate? (lab/base_rates.py)
+            "base_rates": base_rates(setup.data.test),
+            "target_accuracy_uncommon_before": uncommon,
+            "target_accuracy_uncommon_after": uncommon_after,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
         if cfg.data.train_on_feedback_split:
@@ -209,6 +218,10 @@ class Simulation:
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
         print(format_summary(summary, self.run_dir))
         return merged
+
+
+    def _uncommon(self, setup: Any) -> float:
+        return uncommon_accuracy(setup.engine, setup.data.test, setup.template, self.config.rollout.max_new_tokens)
 
 
 def prompt_width(tokenizer: Any, data: Any, template: str, multiple: int = 16) -> int:
@@ -234,6 +247,10 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
          f"  ({delta:+.3f}, measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",
     ]
+    if "base_rates" in s:
+        lines.append(f"  answer base rate       {s['base_rates']['commonest_answer_accuracy']:.3f} (always the commonest "
+                     f"answer); on the other answers {s['target_accuracy_uncommon_before']:.3f} -> "
+                     f"{s['target_accuracy_uncommon_after']:.3f} (local)")
     if "owner_feedback_verifier" in s:
         lines.append(f"  owner feedback grader  {s['owner_feedback_verifier']} (the test split: exact)")
     if "selection" in s:

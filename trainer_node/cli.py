@@ -126,6 +126,7 @@ def run_check_owner(args: argparse.Namespace) -> int:
 LAB_COMMANDS = {
     "simulate": "the full system on one machine: L2RR + a local target-owner process (the lab)",
     "bench": "compare data policies over matched seeds: paired CIs, RO ratios, the paper's tables (the lab)",
+    "testbed": "generate testbeds where target feedback matters: wrong-label source copies (the lab)",
 }
 LAB_PACKAGES = ("lab", "target_owner_node")
 

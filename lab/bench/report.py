@@ -218,6 +218,38 @@ def _owner_section(tb: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _base_rate_section(tb: dict[str, Any], control: str) -> list[str]:
+    """Is a gain in the skill or in the answer base rate? (lab/base_rates.py) The accuracy of always
+    giving the commonest answer, and each method's accuracy on the prompts whose answer is not
+    the commonest; also the runs left unpaired because they started from another checkpoint."""
+    rate = tb.get("commonest_answer_accuracy")
+    rows = [m for m in tb["methods"].values() if m.get("uncommon")]
+    unpaired = {m["label"]: m["unpaired_seeds"] for m in tb["methods"].values() if m.get("unpaired_seeds")}
+    lines: list[str] = []
+    if rate is not None:
+        lines += ["", "### Answer base rates", "",
+                  (f"Always giving each target domain's commonest answer scores {pct(rate)}% on the test split. "
+                   "**Uncommon** is the accuracy on the test prompts whose answer is not the commonest one "
+                   "(measured locally, greedy, final checkpoint): a policy that only guesses the base rate "
+                   "scores 0 there."), ""]
+    if rows:
+        lines += [f"| Method | Uncommon (%) | Δ vs {control} (pp) | 95% CI (t) | 95% CI (boot) | Seeds |",
+                  "|---|---|---|---|---|---|"]
+        for m in rows:
+            delta = m.get("delta_uncommon_vs_control")
+            cells = ["(control)", "—", "—"] if m["label"] == control else (
+                [signed_pp(delta["mean"]), interval(delta["t"]), interval(delta["bootstrap"])] if delta
+                else ["n/a", "n/a", "n/a"])
+            lines.append(f"| {m['label']} | {pct_pm(m['uncommon'])} | " + " | ".join(cells)
+                         + f" | {m['uncommon']['n']} |")
+    if unpaired:
+        lines += ["", "Left out of the paired differences (another starting checkpoint than the control's "
+                  "on that seed): " + "; ".join(f"{label} seeds {seeds}" for label, seeds in unpaired.items())]
+    if len(tb.get("starting_checkpoints", [])) > 1:
+        lines += ["", f"Note: these runs started from {len(tb['starting_checkpoints'])} different checkpoints."]
+    return lines
+
+
 def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[str, str]) -> list[str]:
     grouped = bool(tb.get("grouped"))
     domains = tb["families"] if grouped else tb["domains"]
@@ -247,6 +279,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
                    "estimator, checkpoint selection by target feedback); not deployable rows of Table 1."), "",
                   *_table_header(domains, control)]
         lines += [_table_row(m, domains, control, columns=columns) for m in diagnostics]
+    lines += _base_rate_section(tb, control)
     sweep = sorted((m for m in tb["methods"].values() if m["sweep_point"] and m["lambda"] is not None),
                    key=lambda m: m["lambda"])
     if any(m["group"] == "sweep" for m in sweep):

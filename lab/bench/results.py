@@ -96,6 +96,11 @@ def per_seed_values(summary: dict[str, Any], design: SummaryDesign | None = None
         "epsilon_spent": summary.get("epsilon_spent"),
         "epsilon_budget": summary.get("epsilon_budget"),
         "wall_seconds": summary.get("wall_seconds"),
+        # the starting checkpoint's digest: runs pair only from the same start (None: an older record)
+        "start": summary.get("initial_checkpoint_sha256"),
+        "commonest_answer_accuracy": (summary.get("base_rates") or {}).get("commonest_answer_accuracy"),
+        "uncommon_before": summary.get("target_accuracy_uncommon_before"),
+        "uncommon_after": summary.get("target_accuracy_uncommon_after"),
     }
 
 
@@ -234,6 +239,19 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def same_start(method: dict[int, dict[str, Any]], control: dict[int, dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """(seeds both have and whose runs started from the same checkpoint, seeds both have that did
+    not). A paired difference is valid only from one start: a tiny policy built on another machine
+    or library version is another start. Two records without a digest (older runs) pair as before."""
+    common = sorted(set(method) & set(control))
+    same = [s for s in common if method[s].get("start") == control[s].get("start")]
+    return same, [s for s in common if s not in same]
+
+
+def _on(seeds: dict[int, Any], keep: list[int]) -> dict[int, Any]:
+    return {s: v for s, v in seeds.items() if s in keep}
+
+
 def _paired(spec: BenchSpec, method: dict[int, float], control: dict[int, float]) -> dict[str, Any]:
     seeds, diffs = stats.paired_differences(method, control)
     t = stats.t_interval(diffs, spec.confidence)
@@ -309,19 +327,31 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
         }
         entry["ro_ratio_per_seed_mean"] = _finite(stats.mean_sd(list(entry["ro_ratio_per_seed"].values()))[0])
         if method.label != spec.control:
-            entry["delta_vs_control"] = _paired(spec, {s: v["balanced"] for s, v in seeds.items()},
-                                                {s: v["balanced"] for s, v in control.items()})
-            entry["delta_accuracy_vs_control"] = _paired(spec, {s: v["accuracy"] for s, v in seeds.items()},
-                                                         {s: v["accuracy"] for s, v in control.items()})
+            paired, unpaired = same_start(seeds, control)
+            mine, theirs = _on(seeds, paired), _on(control, paired)
+            entry["unpaired_seeds"] = unpaired  # another starting checkpoint than the control's
+            entry["delta_vs_control"] = _paired(spec, {s: v["balanced"] for s, v in mine.items()},
+                                                {s: v["balanced"] for s, v in theirs.items()})
+            entry["delta_accuracy_vs_control"] = _paired(spec, {s: v["accuracy"] for s, v in mine.items()},
+                                                         {s: v["accuracy"] for s, v in theirs.items()})
             entry["summary_deltas"] = {
-                name: _paired(spec, _summary_by_seed(seeds, name), _summary_by_seed(control, name))
+                name: _paired(spec, _summary_by_seed(mine, name), _summary_by_seed(theirs, name))
                 for name in design.names()}
+            uncommon = {s: v["uncommon_after"] for s, v in mine.items() if v.get("uncommon_after") is not None}
+            control_uncommon = {s: v["uncommon_after"] for s, v in theirs.items()
+                                if v.get("uncommon_after") is not None}
+            if uncommon and control_uncommon:
+                entry["delta_uncommon_vs_control"] = _paired(spec, uncommon, control_uncommon)
+        uncommon_after = [v["uncommon_after"] for v in seeds.values() if v.get("uncommon_after") is not None]
+        if uncommon_after:
+            entry["uncommon"] = _stat(uncommon_after)
         family_control = spec.family_controls.get(entry["family"] or "")
         if family_control is not None and family_control != method.label:
+            paired, _ = same_start(seeds, per_method[family_control])
             entry["delta_vs_family_control"] = {
                 "control": family_control,
-                **_paired(spec, {s: v["balanced"] for s, v in seeds.items()},
-                          {s: v["balanced"] for s, v in per_method[family_control].items()}),
+                **_paired(spec, {s: v["balanced"] for s, v in _on(seeds, paired).items()},
+                          {s: v["balanced"] for s, v in _on(per_method[family_control], paired).items()}),
             }
         control_by_seed = {s: v["balanced"] for s, v in control.items()}
         entry["reach_control"] = _reach(entry["curve"], curves, control_final, control_by_seed)
@@ -334,7 +364,12 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
         methods[method.label] = entry
     before = [v["balanced_before"] for seeds in per_method.values() for v in seeds.values()
               if v["balanced_before"] is not None]
+    rates = [v["commonest_answer_accuracy"] for seeds in per_method.values() for v in seeds.values()
+             if v.get("commonest_answer_accuracy") is not None]
+    starts = sorted({v["start"] for seeds in per_method.values() for v in seeds.values() if v.get("start")})
     return {"testbed": testbed, "domains": domains, "families": families,
+            "commonest_answer_accuracy": rates[0] if rates else None,  # one test split per testbed
+            "starting_checkpoints": starts,
             "benchmark_families": design.families, "grouped": design.grouped, "named_summaries": design.named,
             "control_final_balanced": _finite(control_final), "initial_balanced": _stat(before),
             "methods": methods, "evaluation_sensitivity": evaluation_sensitivity(methods, design.names())}

@@ -1,5 +1,11 @@
 """Oracle mix (diagnostic, simulation only): sample source domains in known target proportions.
 
+On a testbed with hidden label quality (wrong-label entries, or entries whose `skill` is not
+their domain: rlvr_core/tasks/testbed.py) the simulation passes `cluster_weights` instead:
+the target's composition spread over the CLEAN source clusters that carry each target skill
+(testbed.skill_cluster_weights). The oracle alone reads those hidden fields; the trainer's pool
+and every other policy never see them.
+
 It lives in the lab, registered in the trainer's policy registry when the lab is imported
 (lab/policies/__init__.py), and is marked `simulation_only`, so `train` refuses it.
 
@@ -37,14 +43,19 @@ class OracleOptions(PolicyOptions):
         description="Domain -> weight (normalised here), keyed by Example.domain. None: a simulation fills "
         "in the target's composition from the testbed (a real trainer cannot know it).",
     )
+    cluster_weights: dict[str, float] | None = Field(
+        default=None,
+        description="Cluster id -> weight (normalised here), keyed by the pool's cluster ids; instead of "
+        "domain_weights. None: a simulation fills it in when the testbed hides label quality.",
+    )
 
-    @field_validator("domain_weights")
+    @field_validator("domain_weights", "cluster_weights")
     @classmethod
     def _weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
         if weights is None:
             return None
         if not weights:
-            raise ValueError("must name at least one domain (domain -> weight)")
+            raise ValueError("must name at least one domain or cluster (name -> weight)")
         for domain, weight in weights.items():
             if not (math.isfinite(weight) and weight >= 0):
                 raise ValueError(f"[{domain!r}] must be a finite number >= 0, got {weight!r}")
@@ -68,18 +79,20 @@ class OraclePolicy(DataPolicy):
 
     def __init__(self, pool: SourcePool, options: OracleOptions, rng: np.random.Generator):
         super().__init__(pool, options, rng)
-        if options.domain_weights is None:
-            raise ValueError("oracle: option 'domain_weights' is required (domain -> weight); a simulation "
-                             "fills it in from the testbed's target composition")
+        if (options.domain_weights is None) == (options.cluster_weights is None):
+            raise ValueError("oracle: give exactly one of the options 'domain_weights' (domain -> weight) and "
+                             "'cluster_weights' (cluster -> weight); a simulation fills one in from the testbed")
+        by_cluster = options.cluster_weights is not None
+        key, chosen_weights = ("cluster", options.cluster_weights) if by_cluster else ("domain", options.domain_weights)
         by_domain: dict[str, list[int]] = {}
         for index, example in enumerate(pool.examples):
-            by_domain.setdefault(example.domain, []).append(index)
-        unknown = sorted(set(options.domain_weights) - set(by_domain))
+            by_domain.setdefault(pool.clusters[index] if by_cluster else example.domain, []).append(index)
+        unknown = sorted(set(chosen_weights) - set(by_domain))
         if unknown:
-            raise ValueError(f"oracle: option 'domain_weights' names domains not in the pool: {unknown}; "
-                             f"pool domains: {sorted(by_domain)}")
-        self.domains = sorted(d for d, w in options.domain_weights.items() if w > 0)
-        weights = np.array([options.domain_weights[d] for d in self.domains], dtype=np.float64)
+            raise ValueError(f"oracle: option '{key}_weights' names {key}s not in the pool: {unknown}; "
+                             f"pool {key}s: {sorted(by_domain)}")
+        self.domains = sorted(d for d, w in chosen_weights.items() if w > 0)
+        weights = np.array([chosen_weights[d] for d in self.domains], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.members = [np.array(by_domain[d], dtype=np.int64) for d in self.domains]
         self._shares: dict[str, float] = {}
@@ -113,12 +126,21 @@ def fill_target_weights(raw: dict[str, Any]) -> dict[str, Any]:
     """A raw run config (as read from TOML) whose oracle policy gets the target's composition
     as `domain_weights` when it has none; any other config comes back unchanged. The one place
     a simulation fills them in (simulate and the bench's planning both call it)."""
+    from rlvr_core.tasks.testbed import (
+        has_hidden_labels,
+        load_testbed,
+        skill_cluster_weights,
+        target_composition,
+    )
     from trainer_node.config import DataConfig
 
     policy = raw.get("policy") or {}
-    if policy.get("name") != "oracle" or policy.get("domain_weights") is not None:
+    if policy.get("name") != "oracle" or any(policy.get(k) is not None for k in ("domain_weights", "cluster_weights")):
         return raw
-    testbed = (raw.get("data") or {}).get("testbed", DataConfig().testbed)
+    spec = load_testbed((raw.get("data") or {}).get("testbed", DataConfig().testbed))
     filled = copy.deepcopy(raw)
-    filled["policy"]["domain_weights"] = target_domain_weights(testbed)
+    if has_hidden_labels(spec):  # only clean skill clusters; the domain would take in wrong labels
+        filled["policy"]["cluster_weights"] = skill_cluster_weights(spec)
+    else:
+        filled["policy"]["domain_weights"] = target_composition(spec)
     return filled

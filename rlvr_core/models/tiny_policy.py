@@ -6,11 +6,20 @@ Nothing is downloaded. A build is content-addressed: the cache key is a sha256 o
 into place, so an existing cache directory is always complete. A small
 `<dir name>.build.json` beside it records the spec, parameter count, loss curve and timing.
 
-Builds are deterministic: the model is initialised and warmed up under a forked torch RNG
-seeded from spec.seed, on one CPU thread (see models/threads.py), so two builds of the same
-inputs with the same library versions give byte-identical files: CPU kernels may reduce in a
-different order with another thread count, and one thread is also the fastest choice for a
-model this small on a busy 2-core box.
+Builds are deterministic ON ONE MACHINE: the model is initialised and warmed up under a forked
+torch RNG seeded from spec.seed, on one CPU thread (see models/threads.py), so two builds of the
+same inputs with the same library versions on the same machine give byte-identical files: CPU
+kernels may reduce in a different order with another thread count, and one thread is also the
+fastest choice for a model this small on a busy 2-core box.
+
+Across machines they are NOT: torch dispatches its CPU kernels by instruction set (AVX-512,
+AVX2, ...), and another kernel rounds differently. On the project's AMD EPYC box, forcing
+ATen's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) instead of its AVX-512 ones changes the weights
+after 40 warm-up steps; over 900 steps that is another policy (the default testbed's start
+measured 47.5% on the machine of docs/RESULTS.md section 3, 48.1% here, from the same cache key
+and the same evaluation code; docs/RESULTS.md section 9). So the build record notes the CPU
+capability and the checkpoint digest, simulate records the digest of every run's start, and the
+bench pairs only runs that share it (lab/bench/results.py same_start).
 
 Bump BUILD_CODE_VERSION whenever a change here would change the weights a spec produces.
 """
@@ -49,6 +58,7 @@ __all__ = [
     "TinyPolicySpec",
     "build_tiny_policy",
     "cache_key",
+    "checkpoint_digest",
     "count_parameters",
     "random_tiny_policy",
     "train_tokenizer",
@@ -68,6 +78,22 @@ def cache_key(spec: TinyPolicySpec, tokenizer_texts: list[str], sft_pairs: list[
     for part in (BUILD_CODE_VERSION, asdict(spec), tokenizer_texts, [list(pair) for pair in sft_pairs]):
         digest.update(json.dumps(part, sort_keys=True, ensure_ascii=False).encode("utf-8"))
         digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def checkpoint_digest(model_dir: str | Path) -> str:
+    """sha256 over what decides a checkpoint's behaviour: its weight files and tokenizer files
+    (name and content), not config files that record library versions. Two runs start from the
+    same policy exactly when their digests match (the bench pairs only such runs)."""
+    directory = Path(model_dir)
+    digest = hashlib.sha256()
+    files = sorted(p for p in directory.iterdir() if p.is_file() and (p.suffix == ".safetensors"
+                                                                     or p.name.startswith("tokenizer")))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors or tokenizer files to digest")
+    for path in files:
+        digest.update(path.name.encode("utf-8") + b"\x00")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
@@ -128,6 +154,8 @@ def _build_into(
         "build_cpu_seconds": round(time.process_time() - started_cpu, 3),  # = wall time on an idle box
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels' instruction set
+        "checkpoint_digest": checkpoint_digest(out_dir),
     }
 
 

@@ -35,6 +35,24 @@ domain-balanced one:
 
     [summaries]
     math_heavy = ["math_add", "math_chain", "text_count"]
+
+A source entry may hold labels that are wrong for the target, as a scraped subset with broken
+ground truths does. `corrupt` shifts every reference answer systematically; `label_quality`
+says whether an entry's labels are right ("clean") or not ("wrong": the default with
+`corrupt`), and `skill` names the target domain whose skill its prompts carry (default: its
+own `domain`). Neither field reaches the trainer: its examples, cluster ids and pool look like
+any clean entry's (name such an entry neutrally, e.g. `domain = "crawl"`); only the answers
+differ. The oracle policy reads them (lab/policies/oracle.py) and samples clean skill
+clusters only. A wrong-label entry never feeds the tiny policy's warm-up (curated SFT data),
+so its prompts all go to the RL pool:
+
+    [[source]]
+    task = "letter_counting"
+    domain = "crawl"            # a neutral, data_source-like cluster id
+    skill = "count"             # hidden: the target skill its prompts carry
+    size = 400
+    config = { min_words = 3, max_words = 5 }
+    corrupt = { kind = "shift", by = 1 }   # every answer + 1 (integer answers only)
 """
 
 from __future__ import annotations
@@ -49,7 +67,7 @@ import tomllib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -67,6 +85,31 @@ _LABEL_PATTERN = r"^[A-Za-z0-9_\-]+$"  # no ":" (cluster_of joins domain and dif
 
 class TestbedError(ValueError):
     """A testbed file or spec is invalid; the message names the file and the field."""
+
+
+class Corruption(BaseModel):
+    """A systematic corruption of an entry's reference answers (the same rule for every row)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Literal["shift"]
+    """"shift": an integer answer a becomes a + by (a count off by one, a sum off by ten)."""
+    by: int = Field(default=1)
+
+    @field_validator("by")
+    @classmethod
+    def _nonzero(cls, by: int) -> int:
+        if by == 0:
+            raise ValueError("must not be 0 (a shift by 0 leaves every label right)")
+        return by
+
+    def apply(self, answer: str, where: str) -> str:
+        try:
+            value = int(answer.strip())
+        except ValueError:
+            raise TestbedError(f"{where}.corrupt: kind 'shift' needs integer answers, got {answer!r}; "
+                               f"use it on a task with integer answers (letter_counting, basic_arithmetic)") from None
+        return str(value + self.by)
 
 
 class MixtureEntry(BaseModel):
@@ -89,9 +132,34 @@ class MixtureEntry(BaseModel):
     its own `domain`. Target entries whose `domain` names a benchmark share a family, so the
     domain-balanced summary weighs families, not benchmarks, equally."""
 
+    corrupt: Corruption | None = None
+    """Source only: shift every reference answer of this entry (see the module docstring)."""
+    label_quality: Literal["clean", "wrong"] | None = None
+    """Source only, never seen by the trainer: whether the labels are right for the target.
+    Default: "wrong" with `corrupt`, else "clean"."""
+    skill: str = Field(default="", pattern=r"^[A-Za-z0-9_\-]*$")
+    """Source only, never seen by the trainer: the target domain whose skill the prompts carry,
+    for the oracle (empty: its own `domain`)."""
+
     @property
     def family_name(self) -> str:
         return self.family or self.domain
+
+    @property
+    def quality(self) -> str:
+        """The effective label quality: "wrong" or "clean"."""
+        return self.label_quality or ("wrong" if self.corrupt is not None else "clean")
+
+    @property
+    def skill_name(self) -> str:
+        return self.skill or self.domain
+
+    @field_validator("label_quality")
+    @classmethod
+    def _quality_matches_corruption(cls, quality: str | None, info: ValidationInfo) -> str | None:
+        if quality == "clean" and info.data.get("corrupt") is not None:
+            raise ValueError("is 'clean' but the entry has `corrupt`: its labels are wrong; remove one of the two")
+        return quality
 
     @field_validator("task")
     @classmethod
@@ -204,11 +272,29 @@ class TestbedSpec(BaseModel):
                 raise ValueError(f"summary {name!r} lists a benchmark twice: {members}")
         return summaries
 
+    @field_validator("source")
+    @classmethod
+    def _one_quality_per_cluster(cls, source: list[MixtureEntry]) -> list[MixtureEntry]:
+        # A cluster is the unit every sampler (and the oracle) weighs: one label quality per cluster.
+        qualities: dict[str, tuple[int, str]] = {}
+        for index, entry in enumerate(source):
+            first, quality = qualities.setdefault(entry_cluster(entry), (index, entry.quality))
+            if quality != entry.quality:
+                raise ValueError(f"[{index}]: cluster {entry_cluster(entry)!r} has {quality!r} labels in "
+                                 f"source[{first}] and {entry.quality!r} here; give one of them another "
+                                 f"domain or difficulty")
+        return source
+
     @field_validator("target")
     @classmethod
     def _one_family_per_benchmark(cls, target: list[MixtureEntry]) -> list[MixtureEntry]:
         families: dict[str, str] = {}
         for index, entry in enumerate(target):
+            hidden = [name for name, value in (("corrupt", entry.corrupt), ("label_quality", entry.label_quality),
+                                                ("skill", entry.skill or None)) if value is not None]
+            if hidden:
+                raise ValueError(f"[{index}]: {', '.join(hidden)} apply to source entries only (the owner's "
+                                 f"labels are the truth the target is measured by); remove from the target")
             known = families.setdefault(entry.domain, entry.family_name)
             if known != entry.family_name:
                 raise ValueError(f"[{index}]: target domain {entry.domain!r} is in family {known!r} in an "
@@ -270,6 +356,38 @@ def cluster_of(example: Example) -> str:
     return f"{example.domain}:{difficulty}" if difficulty else example.domain
 
 
+def entry_cluster(entry: MixtureEntry) -> str:
+    """The cluster id the entry's examples get (cluster_of): "domain:difficulty" or the domain."""
+    return f"{entry.domain}:{entry.difficulty}" if entry.difficulty else entry.domain
+
+
+def has_hidden_labels(spec: TestbedSpec) -> bool:
+    """True when some source entry has wrong labels or names its skill apart from its domain:
+    then only the oracle's per-cluster weights (skill_cluster_weights) sample the right data."""
+    return any(entry.quality == "wrong" or entry.skill_name != entry.domain for entry in spec.source)
+
+
+def skill_cluster_weights(spec: TestbedSpec) -> dict[str, float]:
+    """The oracle's mix (simulation only: it reads the hidden fields): each target family's share
+    spread over the clean source clusters whose skill is that family, in proportion to their
+    sizes (what sampling the family's prompts uniformly gives). Sorted by cluster; sums to 1."""
+    composition = target_composition(spec)
+    sizes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for entry in spec.source:
+        if entry.quality == "clean" and entry.skill_name in composition:
+            sizes[entry.skill_name][entry_cluster(entry)] += entry.size
+    missing = sorted(set(composition) - set(sizes))
+    if missing:
+        raise TestbedError(f"testbed {spec.name!r}: no clean source entry carries the target skill(s) {missing}; "
+                           f"the oracle has nothing to sample (set `skill` on an entry)")
+    weights: dict[str, float] = defaultdict(float)
+    for skill, share in composition.items():
+        total = sum(sizes[skill].values())
+        for cluster, size in sizes[skill].items():
+            weights[cluster] += share * size / total
+    return dict(sorted(weights.items()))
+
+
 def target_composition(spec: TestbedSpec) -> dict[str, float]:
     """Each target family's share of the target examples (sums to 1), sorted by name. Without
     families (the usual testbed) a family is its domain, so this is each target domain's share."""
@@ -314,7 +432,10 @@ def _build(spec: TestbedSpec) -> TestbedData:
     warmup: list[Example] = []
     for index, entry in enumerate(spec.source):
         drawn = _generate(entry, "src", index, _derive_seed(spec.seed, "src", index), avoid=None)
-        rl_part, warm_part = _split_warmup(drawn, spec.warmup_fraction, _derive_seed(spec.seed, "warm", index))
+        if entry.quality == "wrong":  # curated SFT data: a wrong-label entry trains RL only
+            rl_part, warm_part = _corrupted(drawn, entry, f"source[{index}]"), []
+        else:
+            rl_part, warm_part = _split_warmup(drawn, spec.warmup_fraction, _derive_seed(spec.seed, "warm", index))
         source.extend(rl_part)
         warmup.extend(warm_part)
     seen_prompts = {example.prompt for example in source + warmup}
@@ -325,6 +446,14 @@ def _build(spec: TestbedSpec) -> TestbedData:
         target.extend(drawn)
     feedback, test = _split(target, spec.feedback_fraction, _derive_seed(spec.seed, "split", 0))
     return TestbedData(source=tuple(source), feedback=feedback, test=test, warmup=tuple(warmup))
+
+
+def _corrupted(drawn: list[Example], entry: MixtureEntry, where: str) -> list[Example]:
+    """The entry's examples with their answers corrupted (unchanged without `corrupt`). Nothing
+    else changes: ids, metadata and clusters look like a clean entry's."""
+    if entry.corrupt is None:
+        return drawn
+    return [dataclasses.replace(example, answer=entry.corrupt.apply(example.answer, where)) for example in drawn]
 
 
 def _split_warmup(drawn: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:

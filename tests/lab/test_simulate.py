@@ -30,6 +30,12 @@ def test_simulate_runs_end_to_end_and_leaves_no_owner_process(tmp_path, capsys):
     assert 0.0 <= summary["target_accuracy_before"] <= 1.0
     assert summary["epsilon_budget"] == 4.0 and 0.0 <= summary["epsilon_spent"] <= 4.0
     assert summary["rollouts"] > 0
+    # the answer base rates of the simulation's own test split, and the skill beyond them
+    assert 0.0 < summary["base_rates"]["commonest_answer_accuracy"] <= 1.0
+    assert summary["base_rates"]["n"] > summary["base_rates"]["uncommon_n"] > 0
+    assert 0.0 <= summary["target_accuracy_uncommon_before"] <= 1.0
+    assert 0.0 <= summary["target_accuracy_uncommon_after"] <= 1.0
+    assert len(summary["initial_checkpoint_sha256"]) == 64
     for name in ("metrics.jsonl", "resolved_config.json", "reward_vs_step.png", "accuracy_vs_rollouts.png"):
         assert (run_dir / name).exists(), name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
