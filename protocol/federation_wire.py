@@ -20,7 +20,6 @@ of the bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import struct
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from protocol.validation import sha256_file
 
 ACTIONS = ("info", "budget", "upload", "evaluate")
 MESSAGE_CATEGORY = "query"  # Flower message types are "<category>.<action>"
@@ -157,12 +158,6 @@ def check_request(action: str, records: dict[str, str], config_keys: dict[str, s
                             f"{', '.join(bad)}")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def encode_checkpoint(folder: Path, digests: Mapping[str, str] | None = None,

@@ -10,7 +10,6 @@ owner's server already chose to send, so a forwarder adds nothing of its own to 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import grpc
 from protocol import errors
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
-from protocol.validation import MAX_CHUNK_BYTES, is_allowed_file_name
+from protocol.validation import MAX_CHUNK_BYTES, is_allowed_file_name, sha256_file
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class PublicOwnerClient:
         present = sorted(p.name for p in folder.iterdir() if p.is_file())
         refused = [name for name in present if not is_allowed_file_name(name)]
         if manifest is None:
-            manifest = [(name, (folder / name).stat().st_size, _sha256(folder / name)) for name in present]
+            manifest = [(name, (folder / name).stat().st_size, sha256_file(folder / name)) for name in present]
         unlisted = sorted(set(present) - {name for name, _, _ in manifest})
         if refused:
             raise ValueError(f"{folder}: not allowed: {', '.join(refused)}")
@@ -114,9 +113,3 @@ def describe_error(error: grpc.RpcError) -> tuple[str, str, str, bytes]:
             status if isinstance(status, bytes) else b"")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -535,13 +535,18 @@ def validate_tokenizer_files(
 # --- whole checkpoint ---------------------------------------------------------------------
 
 
-def verify_sha256(path: Path, expected_hex: str) -> None:
-    """Raise CHECKSUM_MISMATCH when the file's sha256 differs from the declared one."""
+def sha256_file(path: Path) -> str:
+    """The file's sha256, hex: the content address of a checkpoint file on either side of the wire."""
     digest = hashlib.sha256()
     with Path(path).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    if digest.hexdigest() != expected_hex.lower():
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected_hex: str) -> None:
+    """Raise CHECKSUM_MISMATCH when the file's sha256 differs from the declared one."""
+    if sha256_file(path) != expected_hex.lower():
         raise _refuse(errors.CHECKSUM_MISMATCH, f"{Path(path).name}: sha256 does not match the manifest")
 
 

@@ -202,7 +202,8 @@ def _columns(spec: PromptSetSpec, first: Mapping[str, Any]) -> dict[str, str | N
     return mapping
 
 
-def _lookup(row: Mapping[str, Any], column: str) -> Any:
+def lookup_column(row: Mapping[str, Any], column: str) -> Any:
+    """row[a][b] for column "a.b" (verl's nested `extra_info.index`); None where a part is missing."""
     value: Any = row
     for part in column.split("."):
         if not isinstance(value, Mapping) or part not in value:
@@ -214,7 +215,7 @@ def _lookup(row: Mapping[str, Any], column: str) -> Any:
 def _example(row: Mapping[str, Any], columns: dict[str, str | None], spec: PromptSetSpec, number: int,
              at: str, known: set[str]) -> tuple[Example, str]:
     prompt_column, answer_column = columns["prompt"], columns["answer"]
-    raw_prompt = _lookup(row, prompt_column)
+    raw_prompt = lookup_column(row, prompt_column)
     if raw_prompt is None:
         raise PromptDataError(f"{at}: column {prompt_column!r} is missing")
     if isinstance(raw_prompt, str):
@@ -226,7 +227,7 @@ def _example(row: Mapping[str, Any], columns: dict[str, str | None], spec: Promp
             history, prompt = parse_chat_turns(raw_prompt, f"column {prompt_column!r}")
         except ValueError as error:
             raise PromptDataError(f"{at}: {error}") from None
-    answer = _answer(_lookup(row, answer_column), at, answer_column)
+    answer = _answer(lookup_column(row, answer_column), at, answer_column)
     identifier = _text_or_int(row, columns["id"], at) or f"row-{number}"
     cluster = _text_or_int(row, columns["cluster"], at) or DEFAULT_CLUSTER
     verifier = _text_or_int(row, columns["verifier"], at) or spec.verifier
@@ -236,7 +237,7 @@ def _example(row: Mapping[str, Any], columns: dict[str, str | None], spec: Promp
     if verifier not in known:
         raise PromptDataError(f"{at}: column {columns['verifier'] or 'verifier'!r} names an unknown verifier; "
                               f"known: {', '.join(sorted(known))}")
-    metadata = _lookup(row, columns["metadata"]) if columns["metadata"] else None
+    metadata = lookup_column(row, columns["metadata"]) if columns["metadata"] else None
     if metadata is not None and not isinstance(metadata, Mapping):
         raise PromptDataError(f"{at}: column {columns['metadata']!r} must be an object, got "
                               f"{type(metadata).__name__}")
@@ -268,7 +269,7 @@ def _answer(value: Any, at: str, column: str) -> str:
 def _text_or_int(row: Mapping[str, Any], column: str | None, at: str) -> str | None:
     if column is None:
         return None
-    value = _lookup(row, column)
+    value = lookup_column(row, column)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):

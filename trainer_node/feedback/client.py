@@ -19,7 +19,6 @@ pre-flight check (preflight.py) tells them apart at start with a TLS handshake o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ import grpc
 from protocol import errors
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from protocol.generated.target_feedback.v1 import target_feedback_pb2_grpc as pb_grpc
-from protocol.validation import MAX_CHUNK_BYTES, is_allowed_file_name
+from protocol.validation import MAX_CHUNK_BYTES, is_allowed_file_name, sha256_file
 
 log = logging.getLogger("trainer_node.feedback")
 T = TypeVar("T")
@@ -128,12 +127,6 @@ def chunk_message(name: str, offset: int, data: bytes) -> bytes:
     return b"".join((b"\x12", _varint(len(inner) + len(data)), inner, data))
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class TargetFeedbackClient:

@@ -47,6 +47,7 @@ from torch.utils.data import Sampler
 
 from rlvr_core.configuration import Section, validate_options
 from rlvr_core.tasks.example import Example
+from rlvr_core.tasks.prompt_data import lookup_column
 from trainer_node.integrations.core import EngineRun, GlobalIndexStream, ReleaseFeedback, cluster_ids
 from trainer_node.integrations.support import EngineSupport, check_engine_support
 from trainer_node.policies.base import SourcePool, build_policy, parse_policy_options
@@ -130,15 +131,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _lookup(row: Mapping[str, Any], column: str) -> Any:
-    value: Any = row
-    for part in column.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def _rows(dataset: Any) -> Sequence[Mapping[str, Any]]:
     """verl's RLHFDataset keeps its (already filtered) rows in `.dataframe` (a datasets.Dataset)."""
     rows = getattr(dataset, "dataframe", None)
@@ -155,7 +147,7 @@ def pool_from_dataset(dataset: Any, cluster_column: str) -> tuple[SourcePool, di
     position_of: dict[int, int] = {}
     for position in range(len(dataset)):
         row = _rows(dataset)[position]
-        index = _lookup(row, "extra_info.index")
+        index = lookup_column(row, "extra_info.index")
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"row {position}: extra_info.index must be an integer row id (verl's preprocessors "
                              "write the row's position); L2RR reads a batch's rows through it")
@@ -163,9 +155,9 @@ def pool_from_dataset(dataset: Any, cluster_column: str) -> tuple[SourcePool, di
             raise ValueError(f"row {position}: extra_info.index {int(index)} repeats row "
                              f"{position_of[int(index)]}; it must be unique")
         position_of[int(index)] = position
-        cluster = _lookup(row, cluster_column)
+        cluster = lookup_column(row, cluster_column)
         cluster = "all" if cluster is None else str(cluster)
-        answer = _lookup(row, "reward_model.ground_truth")
+        answer = lookup_column(row, "reward_model.ground_truth")
         examples.append(Example(id=str(int(index)), prompt=_prompt_text(row.get("prompt")),
                                 answer="" if answer is None else str(answer), domain=cluster))
         clusters.append(cluster)
