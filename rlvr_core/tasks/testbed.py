@@ -53,6 +53,18 @@ so its prompts all go to the RL pool:
     size = 400
     config = { min_words = 3, max_words = 5 }
     corrupt = { kind = "shift", by = 1 }   # every answer + 1 (integer answers only)
+
+A target entry whose commonest answer is frequent (a letter count of 1 in 61% of rows) lets a
+policy score by guessing it. `max_answer_share` caps any one reference answer's share of the
+entry: the builder draws extra examples from the same generator (same derived seed, so the
+split stays a pure function of the spec) and rejects those whose answer already holds its share:
+
+    [[target]]
+    task = "letter_counting"
+    domain = "count"
+    size = 600
+    config = { min_words = 3, max_words = 5 }
+    max_answer_share = 0.25     # no answer in more than 150 of the 600 rows
 """
 
 from __future__ import annotations
@@ -64,7 +76,7 @@ import math
 import random
 import re
 import tomllib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -140,6 +152,16 @@ class MixtureEntry(BaseModel):
     skill: str = Field(default="", pattern=r"^[A-Za-z0-9_\-]*$")
     """Source only, never seen by the trainer: the target domain whose skill the prompts carry,
     for the oracle (empty: its own `domain`)."""
+    max_answer_share: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Target only: no reference answer (stripped text) in more than floor(share * size) of the
+    entry's rows; extra draws from the same generator replace the rejected ones. None: no cap."""
+
+    @property
+    def answer_cap(self) -> int | None:
+        """The most rows one answer may hold (max_answer_share), or None without a cap."""
+        if self.max_answer_share is None:
+            return None
+        return math.floor(self.max_answer_share * self.size + 1e-9)
 
     @property
     def family_name(self) -> str:
@@ -153,6 +175,14 @@ class MixtureEntry(BaseModel):
     @property
     def skill_name(self) -> str:
         return self.skill or self.domain
+
+    @field_validator("max_answer_share")
+    @classmethod
+    def _cap_holds_a_row(cls, share: float | None, info: ValidationInfo) -> float | None:
+        size = info.data.get("size")
+        if share is not None and size is not None and share * size < 1 - 1e-9:
+            raise ValueError(f"{share} of size {size} is less than one row; raise it to at least {1 / size:.4g}")
+        return share
 
     @field_validator("label_quality")
     @classmethod
@@ -278,6 +308,9 @@ class TestbedSpec(BaseModel):
         # A cluster is the unit every sampler (and the oracle) weighs: one label quality per cluster.
         qualities: dict[str, tuple[int, str]] = {}
         for index, entry in enumerate(source):
+            if entry.max_answer_share is not None:
+                raise ValueError(f"[{index}]: max_answer_share applies to target entries only (it keeps the "
+                                 f"owner's commonest answer rare); remove it from the source")
             first, quality = qualities.setdefault(entry_cluster(entry), (index, entry.quality))
             if quality != entry.quality:
                 raise ValueError(f"[{index}]: cluster {entry_cluster(entry)!r} has {quality!r} labels in "
@@ -440,11 +473,14 @@ def _build(spec: TestbedSpec) -> TestbedData:
         warmup.extend(warm_part)
     seen_prompts = {example.prompt for example in source + warmup}
     target: list[Example] = []
+    capped: set[int] = set()  # positions of rows from entries with max_answer_share
     for index, entry in enumerate(spec.target):
         drawn = _generate(entry, "tgt", index, _derive_seed(spec.seed, "tgt", index), avoid=seen_prompts)
         seen_prompts.update(example.prompt for example in drawn)
+        if entry.answer_cap is not None:
+            capped.update(range(len(target), len(target) + len(drawn)))
         target.extend(drawn)
-    feedback, test = _split(target, spec.feedback_fraction, _derive_seed(spec.seed, "split", 0))
+    feedback, test = _split(target, spec.feedback_fraction, _derive_seed(spec.seed, "split", 0), capped)
     return TestbedData(source=tuple(source), feedback=feedback, test=test, warmup=tuple(warmup))
 
 
@@ -468,17 +504,22 @@ def _split_warmup(drawn: list[Example], fraction: float, seed: int) -> tuple[lis
 
 
 def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: set[str] | None) -> list[Example]:
-    """Draw `entry.size` examples; with `avoid`, skip prompts in it and duplicates among the draws."""
+    """Draw `entry.size` examples; with `avoid`, skip prompts in it and duplicates among the draws;
+    with `max_answer_share`, skip draws whose answer already holds its share (answer_cap)."""
     import reasoning_gym
 
     where = f"{'target' if prefix == 'tgt' else 'source'}[{index}]"
-    max_draws = entry.size * _MAX_DRAWS_PER_EXAMPLE if avoid is not None else entry.size
+    cap = entry.answer_cap
+    bounded = avoid is not None or cap is not None
+    max_draws = entry.size * _MAX_DRAWS_PER_EXAMPLE if bounded else entry.size
     try:
         dataset = reasoning_gym.create_dataset(entry.task, seed=seed, size=max_draws, **entry.config)
     except Exception as error:  # noqa: BLE001 - reported with the entry it belongs to
         raise TestbedError(f"{where}: reasoning-gym could not create {entry.task!r}: {error}") from None
     examples: list[Example] = []
     taken: set[str] = set()
+    held: Counter[str] = Counter()  # accepted rows per answer
+    offered: Counter[str] = Counter()  # new prompts per answer, accepted or not (for the refusal)
     for draw in range(max_draws):
         if len(examples) == entry.size:
             break
@@ -490,19 +531,32 @@ def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: se
                 f"({type(error).__name__}: {error})"
             ) from None
         prompt = str(item["question"])
-        if avoid is not None and (prompt in avoid or prompt in taken):
+        if (avoid is not None and prompt in avoid) or (bounded and prompt in taken):
             continue
         taken.add(prompt)
+        answer = str(item["answer"])
+        offered[answer.strip()] += 1
+        if cap is not None and held[answer.strip()] >= cap:
+            continue
+        held[answer.strip()] += 1
         examples.append(
             Example(
                 id=f"{prefix}-{entry.task}-{index}-{len(examples)}",
                 prompt=prompt,
-                answer=str(item["answer"]),
+                answer=answer,
                 task=entry.task,
                 domain=entry.domain,
                 verifier="reasoning_gym",
                 metadata={"rg": to_jsonable(item.get("metadata", {})), "difficulty": entry.difficulty},
             )
+        )
+    if len(examples) < entry.size and cap is not None and sum(offered.values()) >= entry.size:
+        reached = _lowest_reachable_share(offered, entry.size)
+        raise TestbedError(
+            f"{where}.max_answer_share: {entry.max_answer_share} is not reachable: after {max_draws} draws "
+            f"the lowest commonest-answer share {entry.size} rows could have is {reached:.3f} (only "
+            f"{len(examples)} rows fit under the cap); raise max_answer_share to at least {reached:.3f}, "
+            f"lower size or widen the config's answer range"
         )
     if len(examples) < entry.size:
         raise TestbedError(
@@ -513,13 +567,26 @@ def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: se
     return examples
 
 
-def _split(target: list[Example], fraction: float, seed: int) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
+def _lowest_reachable_share(offered: Counter[str], size: int) -> float:
+    """The smallest commonest-answer share a `size`-row subset of the offered answers can have:
+    the least per-answer cap m with sum(min(count, m)) >= size, as a share of size."""
+    for cap in range(1, size + 1):
+        if sum(min(count, cap) for count in offered.values()) >= size:
+            return cap / size
+    return 1.0
+
+
+def _split(target: list[Example], fraction: float, seed: int,
+           by_answer: frozenset[int] | set[int] = frozenset()) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
     """Stratified by domain: each domain gives round(n * fraction) examples (at least 1, and at
-    least 1 left for test when it has 2+) to feedback. Both splits keep generation order."""
+    least 1 left for test when it has 2+) to feedback. Rows at `by_answer` positions (entries with
+    max_answer_share) are stratified by (domain, answer), so both splits keep the answer cap up to
+    rounding. Both splits keep generation order."""
     rng = random.Random(seed)
-    positions_by_domain: dict[str, list[int]] = defaultdict(list)
+    positions_by_domain: dict[tuple[str, str], list[int]] = defaultdict(list)
     for position, example in enumerate(target):
-        positions_by_domain[example.domain].append(position)
+        answer = example.answer.strip() if position in by_answer else ""
+        positions_by_domain[(example.domain, answer)].append(position)
     feedback_positions: set[int] = set()
     for domain in sorted(positions_by_domain):
         positions = positions_by_domain[domain]

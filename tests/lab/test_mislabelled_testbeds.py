@@ -186,3 +186,28 @@ def test_the_default_testbeds_plateau_is_its_answer_base_rate():
     rates = base_rates(build_testbed_data(load_testbed("default")).test)
     assert rates["per_domain"]["count"]["answer"] == "1"
     assert rates["commonest_answer_accuracy"] == pytest.approx(0.612, abs=0.001)
+
+
+def test_the_balanced_testbed_is_generated_and_its_commonest_answer_scores_its_share(tmp_path, capsys):
+    """mislabelled_balanced: the mislabelled testbed with the count target capped at 25% per
+    answer. Always answering the commonest answer scores 25.0% of its test split (61.2% on the
+    mislabelled one), with the mislabelled testbed's source and warm-up, so the same start."""
+    generated = mislabelled_variant("default", [MislabelledCopy("count:medium", 1, "crawl")], "mislabelled_balanced",
+                                    max_answer_share=0.25)
+    committed = read_testbed_data("mislabelled_balanced")
+    assert generated["source"] == committed["source"] and generated["target"] == committed["target"]
+    assert committed["source"] == read_testbed_data("mislabelled")["source"]
+    balanced, mislabelled = (build_testbed_data(load_testbed(name)) for name in ("mislabelled_balanced", "mislabelled"))
+    assert balanced.source == mislabelled.source and balanced.warmup == mislabelled.warmup
+    rates = base_rates(balanced.test)
+    assert rates["n"] == 420 and rates["commonest_answer_accuracy"] <= 0.25 + 1 / 420
+    assert rates["commonest_answer_accuracy"] == pytest.approx(0.250, abs=0.001)
+    assert base_rates(balanced.feedback)["commonest_answer_accuracy"] <= 0.25 + 1 / 180
+    with pytest.raises(BadTestbed, match=r"target\[0\]\.max_answer_share: 0\.1 is not reachable"):
+        mislabelled_variant("default", [MislabelledCopy("count:medium", 1, "crawl")], "x", max_answer_share=0.1)
+    out = tmp_path / "b.toml"
+    args = ["testbed", "mislabel", "--copy", "count:medium", "--as", "crawl", "--name", "mislabelled_balanced"]
+    assert main([*args, "--max-answer-share", "0.25", "--out", str(out)]) == 0
+    assert read_testbed_data(out)["target"] == committed["target"]
+    assert main([*args, "--max-answer-share", "0.1", "--out", str(tmp_path / "c.toml")]) == 2
+    assert "max_answer_share: 0.1 is not reachable" in capsys.readouterr().out and not (tmp_path / "c.toml").exists()
