@@ -1,6 +1,6 @@
 """What target feedback costs: issue 14's goals 1-5, this tree beside "today" (prints figures; not a test).
 
-    python tools/bench_feedback.py [--today DIR] [--goals 1,2,3,4,5] [--steps 60] [--pool 10000000]
+    python tools/bench_feedback.py [--today DIR] [--goals 1,2,3,4,5] [--steps 60] [--pairs 3] [--pool 10000000]
 
 `--today DIR` is a checkout of the code the issue started from, e.g.
 
@@ -12,9 +12,11 @@ column is left empty. Each goal runs in its own process (`--measure GOAL --tree 
 one JSON object), so one tree's modules never leak into the other's figures.
 
 1. Feedback share of wall time: `trainer-node simulate` (L2RR, default testbed, default
-   cadence) against its no-feedback ablation (policy.learn_q = false), same seed and
-   steps; the training loop's time is the sum of step_seconds. Goal: ratio <= 1.05. The
-   per-phase split is read from the run's summary (this tree records it).
+   cadence) with each estimator the tree has (lookahead, the default; release_difference)
+   against its no-feedback ablation (policy.learn_q = false), same seed and steps, --pairs
+   rounds in rotated order; the training loop's time is the sum of step_seconds. Goal: the
+   median ratio <= 1.05. The per-phase split is read from the run's summary (this tree
+   records it).
 2. Bytes per query: from the same L2RR run (bytes the owner did not hold, per query, against one
    full checkpoint of its model), and for a Qwen2-1.5B-shaped model in bf16 built on the meta
    device (no download, no weights): one full checkpoint against a LoRA adapter (r = 16 on
@@ -53,42 +55,66 @@ PYTHON = sys.executable
 # They use only interfaces both trees have.
 
 
-def measure_simulate(tree: Path, work: Path, steps: int, seed: int) -> dict:
-    """Goal 1 and the measured half of goal 2: L2RR with feedback and its learn_q = false ablation."""
-    out = {}
+ARMS = (  # goal 1's runs: label, [policy] lines added to simulate's defaults
+    ("ablation", "learn_q = false"),                          # no feedback: the yardstick
+    ("feedback", ""),                                         # the default estimator (lookahead)
+    ("release_difference", 'estimator = "release_difference"'),  # the release-only estimator
+)
+
+
+def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int = 1) -> dict:
+    """Goal 1 and the measured half of goal 2: L2RR with feedback (each estimator the tree has)
+    and its learn_q = false ablation, `pairs` rounds, the arms' order rotated each round so that
+    load drifting on a shared machine hits every arm alike. The first round's runs are kept whole
+    (phases, bytes); every round's loop time is in `rounds`, and the report takes the median of
+    the per-round ratios."""
     defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
-    for label, learn_q in (("feedback", True), ("ablation", False)):
-        run = work / f"simulate-{label}"
-        config = work / f"simulate-{label}.toml"
-        text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}",
-                      defaults)  # one tiny policy for both trees (built once, keyed by its inputs)
-        text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
-        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\nlearn_q = {json.dumps(learn_q)}", text)
-        config.write_text(text)
-        command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
-                   "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
-        started = time.perf_counter()
-        subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
-        wall = time.perf_counter() - started
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        steps_ = [r for r in records if "step_seconds" in r]
-        summary = json.loads((run / "summary.json").read_text())
-        phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
-                  if k.startswith("time/") and k.endswith("_s")}
-        weights = sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors"))
-        out[label] = {
-            "loop_s": sum(r["step_seconds"] for r in steps_),
-            "process_s": wall,
-            "steps": len(steps_),
-            "phases_s": phases,
-            "queries": summary.get("feedback_queries"),
-            "candidates": summary.get("feedback_candidates"),
-            "uploaded_bytes": summary.get("feedback_uploaded_bytes"),
-            "target_accuracy_after": summary.get("target_accuracy_after"),
-            "checkpoint_bytes": weights,
-            "summary_keys": sorted(summary),
-        }
+    estimators = (tree / "trainer_node" / "policies" / "l2rr_estimators.py").read_text()
+    arms = [(label, line) for label, line in ARMS
+            if label != "release_difference" or '"release_difference"' in estimators]  # "today" lacks it
+    out: dict = {"rounds": []}
+    for round_ in range(max(pairs, 1)):
+        loops = {}
+        for label, line in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
+            run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, line, steps, seed)
+            loops[label] = run["loop_s"]
+            out.setdefault(label, run)
+        out["rounds"].append(loops)
     return out
+
+
+def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int) -> dict:
+    config = run.with_suffix(".toml")
+    text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}",
+                  defaults)  # one tiny policy for both trees (built once, keyed by its inputs)
+    text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
+    if policy_line:
+        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\n{policy_line}", text)
+    config.write_text(text)
+    command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
+               "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
+    started = time.perf_counter()
+    subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_ = [r for r in records if "step_seconds" in r]
+    summary = json.loads((run / "summary.json").read_text())
+    phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
+              if k.startswith("time/") and k.endswith("_s")}
+    weights = sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors"))
+    return {
+        "loop_s": sum(r["step_seconds"] for r in steps_),
+        "process_s": wall,
+        "steps": len(steps_),
+        "phases_s": phases,
+        "queries": summary.get("feedback_queries"),
+        "candidates": summary.get("feedback_candidates"),
+        "uploaded_bytes": summary.get("feedback_uploaded_bytes"),
+        "epsilon_spent": summary.get("epsilon_spent"),
+        "target_accuracy_after": summary.get("target_accuracy_after"),
+        "checkpoint_bytes": weights,
+        "summary_keys": sorted(summary),
+    }
 
 
 def _model_dir(tree: Path) -> Path:
@@ -279,7 +305,7 @@ def _env(tree: Path) -> dict[str, str]:
 def run_goal(goal: int, tree: Path, args: argparse.Namespace) -> dict:
     command = [PYTHON, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
                "--steps", str(args.steps), "--seed", str(args.seed), "--pool", str(args.pool),
-               "--rounds", str(args.rounds), "--size-mb", str(args.size_mb), "--policies", args.policies]
+               "--rounds", str(args.rounds), "--pairs", str(args.pairs), "--size-mb", str(args.size_mb), "--policies", args.policies]
     started = time.perf_counter()
     done = subprocess.run(command, check=False, cwd=tree, env=_env(tree), capture_output=True, text=True)
     if done.returncode != 0:
@@ -292,7 +318,7 @@ def measure(goal: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-feedback-") as tmp:
         work = Path(tmp)
         if goal == 1:
-            return measure_simulate(tree, work, args.steps, args.seed)
+            return measure_simulate(tree, work, args.steps, args.seed, args.pairs)
         if goal == 2:
             return measure_bytes()
         if goal == 3:
@@ -323,9 +349,11 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
                     cells.append("n/a")
         rows.append((label, cells[0], cells[1], target))
 
-    both(1, "1 loop time, L2RR / learn_q=false", lambda d: f"{d['feedback']['loop_s'] / d['ablation']['loop_s']:.2f}x "
-         f"({d['feedback']['loop_s']:.0f} / {d['ablation']['loop_s']:.0f} s, {d['feedback']['steps']} steps)", "<= 1.05x")
-    both(1, "1 feedback phases (candidates+upload+owner_wait)", lambda d: _feedback_share(d["feedback"]))
+    both(1, "1 loop time, L2RR lookahead / learn_q=false", lambda d: _loop_ratio(d, "feedback"), "<= 1.05x")
+    both(1, "1 feedback phases, lookahead", lambda d: _feedback_share(d["feedback"]))
+    both(1, "1 loop time, L2RR release_difference / learn_q=false", lambda d: _loop_ratio(d, "release_difference"),
+         "<= 1.05x")
+    both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(3, "3 upload mTLS / plain copy", lambda d: f"{d['upload_mib_s'] / d['copy_mib_s']:.0%} "
@@ -341,6 +369,20 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     lines = ["  ".join(h.ljust(w) for h, w in zip(("figure", "this tree", "today", "goal"), width))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in rows]
     return lines
+
+
+def _loop_ratio(data: dict, arm: str) -> str:
+    """The median over rounds of (loop with feedback / loop without), with every round's ratio."""
+    if arm not in data:
+        return "not in this tree"
+    rounds = [r for r in data.get("rounds") or [{arm: data[arm]["loop_s"], "ablation": data["ablation"]["loop_s"]}]
+              if arm in r and "ablation" in r]
+    ratios = sorted(r[arm] / r["ablation"] for r in rounds)
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    run = data[arm]
+    each = ", ".join(f"{r[arm]:.0f}/{r['ablation']:.0f}" for r in rounds)
+    return f"{median:.2f}x median of {len(ratios)} ({each} s; {run['steps']} steps, {run['queries']} queries)"
 
 
 def _feedback_share(run: dict) -> str:
@@ -382,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goals", default="1,2,3,4,5", help="comma-separated goals to measure")
     parser.add_argument("--steps", type=int, default=60, help="goal 1: simulate steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="goal 1: rounds of (ablation, lookahead, release_difference) runs; median ratio")
     parser.add_argument("--pool", type=int, default=10_000_000, help="goal 4: prompts in the pool")
     parser.add_argument("--rounds", type=int, default=5, help="goal 4: timed steps per policy")
     parser.add_argument("--policies", default="l2rr,greso", help="goal 4: policies to time")

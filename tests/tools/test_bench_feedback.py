@@ -25,7 +25,10 @@ def test_the_report_puts_every_goal_beside_today():
     run = {"loop_s": 105.0, "steps": 60, "phases_s": {"candidates": 1.0, "upload": 2.0, "owner_wait": 2.0},
            "queries": 10, "uploaded_bytes": 10 * 2**20, "checkpoint_bytes": 2**21}
     now = {
-        1: {"feedback": run, "ablation": {**run, "loop_s": 100.0}},
+        1: {"feedback": run, "ablation": {**run, "loop_s": 100.0}, "release_difference": {**run, "loop_s": 99.0},
+            "rounds": [{"feedback": 105.0, "ablation": 100.0, "release_difference": 99.0},
+                       {"feedback": 130.0, "ablation": 100.0, "release_difference": 101.0},
+                       {"feedback": 120.0, "ablation": 100.0, "release_difference": 90.0}]},
         2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": True},
         3: {"upload_mib_s": 60.0, "copy_mib_s": 300.0, "size_mb": 100,
             "k_of_t": {"k": 2, "T": 20, "bytes_new": 10, "bytes_full": 100, "bytes_of_changed_tensors": 9}},
@@ -39,7 +42,9 @@ def test_the_report_puts_every_goal_beside_today():
     lines = tool.report({"now": now, "today": today})
     text = "\n".join(lines)
     assert lines[0].split() == ["figure", "this", "tree", "today", "goal"]
-    assert "1.05x (105 / 100 s, 60 steps)" in text and "2.00x (200 / 100 s" in text
+    assert "1.20x median of 3 (105/100, 130/100, 120/100 s; 60 steps, 10 queries)" in text  # lookahead
+    assert "0.99x median of 3 (99/100, 101/100, 90/100 s" in text  # release_difference
+    assert "2.00x median of 1 (200/100 s" in text and "not in this tree" in text  # today: one round, no estimator
     assert "4.8% of the loop" in text and "not recorded" in text
     assert "0.50 checkpoints (1.0 MiB, 10 queries)" in text
     assert "2.1% (7 x 9.0 MiB vs 3.00 GiB)" in text and "20% (60 / 300 MiB/s" in text
