@@ -327,6 +327,14 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     return lines
 
 
+def _dp_line(spec: dict[str, Any]) -> str:
+    """The spec's DP setting, and the rows that set their own (MethodSpec.no_dp)."""
+    default = bool(spec["no_dp"])
+    own = [m["label"] for m in spec["methods"] if m.get("no_dp") is not None and bool(m["no_dp"]) != default]
+    text = "off (--no-dp)" if default else "on"
+    return text + (f"; {'on' if default else 'off (--no-dp)'} for {', '.join(own)}" if own else "")
+
+
 def render_report(results: dict[str, Any], figures: dict[str, dict[str, str]] | None = None) -> str:
     """The whole report.md text. `figures` maps testbed key -> {title: relative PNG path}."""
     spec = results["spec"]
@@ -336,7 +344,7 @@ def render_report(results: dict[str, Any], figures: dict[str, dict[str, str]] | 
         f"# Bench report: {spec['name']}", "",
         (f"- seeds: {', '.join(str(s) for s in spec['seeds'])} (matched across methods); steps: {spec['steps']}; "
          f"testbeds: {', '.join(spec['testbeds'])}"),
-        f"- control: {control}; DP: {'off (--no-dp)' if spec['no_dp'] else 'on'}; runs: {counts}",
+        f"- control: {control}; DP: {_dp_line(spec)}; runs: {counts}",
         f"- git commit(s): {', '.join(results['git_commits'])}; generated {results['generated_at']}",
         "", DEFINITIONS.format(resamples=spec["bootstrap_resamples"]),
     ]

@@ -81,6 +81,9 @@ class MethodSpec(_Strict):
     ablation: { name = "setgrpo", set_shape = "sphere" }); the run's grpo.coefficients."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra simulate-config overrides as nested tables, e.g. {grpo = {lr = 1e-4}}."""
+    no_dp: bool | None = None
+    """This row's owner releases exact accuracy (True) or DP-noised (False); None = the spec's no_dp.
+    One table can then hold a method with and without DP noise, paired by seed."""
     group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
     """Which table the row goes to: main = Table 1, ablation = Table 2, sweep = the lambda figure,
     diagnostic = references and variants (oracle, target-mix, estimators, checkpoint selection)."""
@@ -407,7 +410,8 @@ def plan_runs(spec: BenchSpec) -> list[PlannedRun]:
             for seed in spec.seeds:
                 runs.append(PlannedRun(
                     testbed=testbed, label=method.label, policy=method.policy, seed=seed, steps=spec.steps,
-                    no_dp=spec.no_dp, config=run_config(spec, method, testbed, seed), epsilon=spec.epsilon,
+                    no_dp=spec.no_dp if method.no_dp is None else method.no_dp,
+                    config=run_config(spec, method, testbed, seed), epsilon=spec.epsilon,
                     owners=spec.owners,
                 ))
     return runs

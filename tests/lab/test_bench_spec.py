@@ -127,6 +127,19 @@ def test_config_hash_changes_with_options_and_not_with_anything_else_planned_the
         assert (old.config_hash == new.config_hash) == (old.label == "uniform")
 
 
+def test_a_method_may_turn_dp_off_for_its_own_rows_and_the_hash_sees_it():
+    spec = spec_with(methods=[{"label": "l2rr", "policy": "l2rr"},
+                              {"label": "l2rr-nodp", "policy": "l2rr", "no_dp": True}], control="l2rr")
+    runs = {(r.label, r.seed): r for r in plan_runs(spec)}
+    seed = spec.seeds[0]
+    assert runs[("l2rr", seed)].no_dp is False and runs[("l2rr-nodp", seed)].no_dp is True
+    assert runs[("l2rr", seed)].config == runs[("l2rr-nodp", seed)].config
+    assert runs[("l2rr", seed)].config_hash != runs[("l2rr-nodp", seed)].config_hash
+    everywhere = {r.label: r.no_dp for r in plan_runs(spec_with(no_dp=True, methods=[
+        {"label": "uniform", "policy": "uniform"}, {"label": "l2rr-dp", "policy": "l2rr", "no_dp": False}]))}
+    assert everywhere == {"uniform": True, "l2rr-dp": False}  # the method's choice wins over the spec's
+
+
 def test_config_overrides_merge_with_method_winning():
     spec = spec_with(config={"run": {"eval_every": 2}, "grpo": {"lr": 1e-4}},
                      methods=[{"label": "uniform", "policy": "uniform", "config": {"grpo": {"lr": 5e-4}}}],
