@@ -1,12 +1,14 @@
 """What target feedback costs: issue 14's goals 1-5, this tree beside "today" (prints figures; not a test).
 
-    python tools/bench_feedback.py [--today DIR] [--goals 1,2,3,4,5] [--steps 60] [--pairs 3] [--pool 10000000]
+    python tools/bench_feedback.py [--today DIR [--today-python PY]] [--goals 1,2,3,4,5] [--steps 60] [--pairs 3] [--pool 10000000]
 
 `--today DIR` is a checkout of the code the issue started from, e.g.
 
     mkdir /tmp/today && git archive d1b7d97 | tar -x -C /tmp/today
 
-and every goal is measured there by the same code in the same run (a subprocess with
+(its stubs need protobuf >= 7, this tree's flwr pins 6.x: give it its own environment,
+`python -m venv /tmp/today-env && /tmp/today-env/bin/pip install torch==2.13.0 && /tmp/today-env/bin/pip
+install -e /tmp/today`, and pass `--today-python /tmp/today-env/bin/python`), and every goal is measured there by the same code in the same run (a subprocess with
 PYTHONPATH=DIR), so load on a shared machine hits both columns alike. Without it the today
 column is left empty. Each goal runs in its own process (`--measure GOAL --tree DIR`, printing
 one JSON object), so one tree's modules never leak into the other's figures.
@@ -302,8 +304,8 @@ def _env(tree: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------ driver
 
 
-def run_goal(goal: int, tree: Path, args: argparse.Namespace) -> dict:
-    command = [PYTHON, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
+def run_goal(goal: int, tree: Path, args: argparse.Namespace, python: str = PYTHON) -> dict:
+    command = [python, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
                "--steps", str(args.steps), "--seed", str(args.seed), "--pool", str(args.pool),
                "--rounds", str(args.rounds), "--pairs", str(args.pairs), "--size-mb", str(args.size_mb), "--policies", args.policies]
     started = time.perf_counter()
@@ -421,6 +423,9 @@ def _k_of_t_cell(data: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--today", type=Path, help="a checkout of the commit the issue started from")
+    parser.add_argument("--today-python", type=Path,
+                        help="the interpreter of an environment that runs --today (its generated stubs may need "
+                        "another protobuf than this tree's); default: this one")
     parser.add_argument("--goals", default="1,2,3,4,5", help="comma-separated goals to measure")
     parser.add_argument("--steps", type=int, default=60, help="goal 1: simulate steps")
     parser.add_argument("--seed", type=int, default=0)
@@ -443,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     for goal in goals:  # both trees per goal, one after the other: the load they see is alike
         for name, tree in trees.items():
             print(f"goal {goal} in {name} ({tree}) ...", file=sys.stderr, flush=True)
-            results[name][goal] = run_goal(goal, tree, args)
+            python = str(args.today_python) if name == "today" and args.today_python else PYTHON
+            results[name][goal] = run_goal(goal, tree, args, python)
             if args.json:  # after every goal: a run cut short keeps what it measured
                 args.json.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
     print(f"this tree: {ROOT} ({_commit(ROOT)}); today: {args.today or '-'}")
