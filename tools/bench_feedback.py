@@ -19,10 +19,14 @@ one JSON object), so one tree's modules never leak into the other's figures.
    rounds in rotated order; the training loop's time is the sum of step_seconds. Goal: the
    median ratio <= 1.05. The per-phase split is read from the run's summary (this tree
    records it).
-2. Bytes per query: from the same L2RR run (bytes the owner did not hold, per query, against one
-   full checkpoint of its model), and for a Qwen2-1.5B-shaped model in bf16 built on the meta
-   device (no download, no weights): one full checkpoint against a LoRA adapter (r = 16 on
-   q/k/v/o_proj) serialised as the owner accepts it. Goal: LoRA bytes per query <= 10%.
+2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
+   hold, per query, against one full checkpoint of its model); LoRA training, from a real run
+   (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
+   queries sent per query, against one full checkpoint of the tiny policy; the base folder goes
+   once per run, not per query); and for a Qwen2-1.5B-shaped model in bf16 built on the meta
+   device (no download, no weights): one full checkpoint against the adapter get_peft_model puts
+   on it (r = 16, q/k/v/o_proj) serialised as candidates are, x 7 checkpoints per query. Goal:
+   LoRA bytes per query <= 10%.
 3. Upload throughput: tools/bench_owner.py of the tree (a random-init Qwen2 of --size-mb over
    mTLS loopback to `target-owner-node serve`, against a plain file copy + fsync). Goal >= 50%
    (a stretch on 2 cores). Plus the bytes of a per-tensor candidate that changes k of T tensors.
@@ -124,45 +128,157 @@ def _model_dir(tree: Path) -> Path:
     return next(f for f in sorted((ROOT / ".cache" / "tiny_policies").glob("qwen2-*")) if f.is_dir())
 
 
-def measure_bytes() -> dict:
-    """Goal 2 for a Qwen2-1.5B-shaped model in bf16: full checkpoint vs a LoRA adapter."""
+LORA_RANK, LORA_TARGETS = 16, ("q_proj", "k_proj", "v_proj", "o_proj")  # goal 2's adapter, both figures
+
+
+def measure_bytes(tree: Path, work: Path, lora_steps: int, seed: int, lora_upload: bool = False) -> dict:
+    """Goal 2: a Qwen2-1.5B-shaped model in bf16 (a full checkpoint against a LoRA adapter of its
+    real PEFT module shapes), and the bytes per query of a real LoRA run of the tiny policy; with
+    `lora_upload`, the time to upload that model's adapters to an owner holding its base."""
+    # what the tree under test has, read from its files: an editable install of another tree on
+    # sys.path must not lend it modules (today's tree has neither)
+    trains_lora = (tree / "trainer_node" / "lora.py").is_file()
+    out = _bytes_qwen2_1p5b(trains_lora, (tree / "protocol" / "adapter_rules.py").is_file())
+    if lora_steps > 0 and trains_lora:
+        out["lora_run"] = measure_lora_run(tree, work, lora_steps, seed)
+    if lora_upload and trains_lora:
+        out["lora_upload"] = measure_lora_upload(work)
+    return out
+
+
+def _bytes_qwen2_1p5b(trains_lora: bool, accepts_adapters: bool) -> dict:
+    """Built on the meta device (nothing 1.5B is allocated). Where the tree trains LoRA, the
+    adapter is get_peft_model's on that model (trainer_node/lora.py), serialised as candidates are
+    (zeros of its exact names, shapes and dtype); elsewhere the same names written by hand."""
     import torch
     from safetensors.torch import save
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
-    config = Qwen2Config(  # Qwen2-1.5B's published shape
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, torch_dtype="bfloat16",
-    )
+    config = _qwen2_1p5b_config()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
     shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)  # one stored copy, as save_pretrained writes it
     full = sum(2 * _numel(s) for s in shapes.values())
-    rank, targets = 16, ("q_proj", "k_proj", "v_proj", "o_proj")
-    adapter = {}
-    for name, shape in shapes.items():
-        module = name.removesuffix(".weight")
-        if module.rsplit(".", 1)[-1] in targets:
-            out_f, in_f = shape
-            adapter[f"base_model.model.{module}.lora_A.weight"] = torch.zeros(rank, in_f, dtype=torch.bfloat16)
-            adapter[f"base_model.model.{module}.lora_B.weight"] = torch.zeros(out_f, rank, dtype=torch.bfloat16)
-    adapter_bytes = len(save(adapter))
+    parameters = sum(_numel(s) for s in shapes.values())
+    if not trains_lora:
+        source, adapter = "names by hand (this tree does not train LoRA)", {}
+        for name, shape in shapes.items():
+            module = name.removesuffix(".weight")
+            if module.rsplit(".", 1)[-1] in LORA_TARGETS:
+                out_f, in_f = shape
+                adapter[f"base_model.model.{module}.lora_A.weight"] = torch.zeros(LORA_RANK, in_f, dtype=torch.bfloat16)
+                adapter[f"base_model.model.{module}.lora_B.weight"] = torch.zeros(out_f, LORA_RANK, dtype=torch.bfloat16)
+    else:
+        from trainer_node.lora import LoraSettings, adapter_tensors, apply_lora
+
+        wrapped = apply_lora(model, LoraSettings(r=LORA_RANK, alpha=2.0 * LORA_RANK, target_modules=list(LORA_TARGETS)))
+        source = "get_peft_model on the meta model"
+        adapter = {name: torch.zeros(t.shape, dtype=t.dtype) for name, t in adapter_tensors(wrapped).items()}
+    adapter_bytes = len(save(adapter, metadata={"format": "pt"}))
     validated = None
-    try:  # the owner's own check of the adapter against the base (this tree only)
+    if accepts_adapters:  # the owner's own check of the adapter against the base
         from protocol.adapter_rules import validate_adapter
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "adapter_model.safetensors"
             path.write_bytes(save(adapter))
-            cfg = json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 32, "target_modules": list(targets)})
+            cfg = json.dumps({"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": 32, "target_modules": list(LORA_TARGETS)})
             validate_adapter(cfg.encode(), path, "Qwen2ForCausalLM", shapes, "model.embed_tokens.weight")
             validated = True
-    except ImportError:
-        validated = None
-    return {"parameters": sum(_numel(s) for s in shapes.values()), "full_bytes": full, "tensors": len(shapes),
-            "lora_rank": rank, "lora_targets": list(targets), "adapter_bytes": adapter_bytes,
+    return {"parameters": parameters, "full_bytes": full, "tensors": len(shapes),
+            "lora_rank": LORA_RANK, "lora_targets": list(LORA_TARGETS), "adapter_bytes": adapter_bytes,
+            "adapter_parameters": sum(_numel(tuple(t.shape)) for t in adapter.values()), "adapter_source": source,
             "adapter_validated": validated}
+
+
+def measure_lora_run(tree: Path, work: Path, steps: int, seed: int) -> dict:
+    """`trainer-node simulate` (L2RR, default testbed and cadence) training a [model.lora] adapter
+    (r = LORA_RANK on LORA_TARGETS): the bytes its queries sent (the client's upload accounting,
+    metrics.jsonl's feedback_query_uploaded_bytes) against one full checkpoint of the tiny policy."""
+    run, config = work / "simulate-lora", work / "simulate-lora.toml"
+    text = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
+    text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}", text)
+    text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
+    text += (f"\n[model.lora]\nr = {LORA_RANK}\nalpha = {2 * LORA_RANK}\n"
+             f"target_modules = {json.dumps(list(LORA_TARGETS))}\n")
+    config.write_text(text)
+    command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
+               "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
+    started = time.perf_counter()
+    subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r for r in records if "step_seconds" in r][-1]
+    summary = json.loads((run / "summary.json").read_text())
+    return {"steps": summary.get("steps"), "queries": summary.get("feedback_queries"),
+            "failures": summary.get("feedback_failures"), "candidates": summary.get("feedback_candidates"),
+            "query_bytes": last.get("feedback_query_uploaded_bytes"),
+            "uploaded_bytes": summary.get("feedback_uploaded_bytes"),
+            "checkpoint_bytes": sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors")),
+            "process_s": wall}
+
+
+def measure_lora_upload(work: Path, candidates: int = 7) -> dict:
+    """Goal 2's upload time (`--lora-upload`, this tree only): a random-init Qwen2-1.5B-shaped model
+    in bf16 with the LoRA adapter of _bytes_qwen2_1p5b, written by the run's own writer
+    (trainer_node/feedback/adapters.py) and sent by the run's own client to a real
+    `target-owner-node serve` on mTLS loopback. The base folder (3 GB) goes once, with the first
+    adapter, and includes the owner's dry run of the new structure; then one query's
+    `candidates` checkpoints, each a new adapter beside the base the owner holds, timed apart."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lab.owner_process import OwnerProcess, init_owner
+    from rlvr_core.models.loading import load_tokenizer
+    from trainer_node.feedback.adapters import AdapterCandidateWriter
+    from trainer_node.feedback.client import TargetFeedbackClient
+    from trainer_node.lora import LoraSettings, apply_lora
+
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_config(_qwen2_1p5b_config(), torch_dtype=torch.bfloat16)
+    model = apply_lora(model, LoraSettings(r=LORA_RANK, alpha=2.0 * LORA_RANK, target_modules=list(LORA_TARGETS)))
+    build_s = time.perf_counter() - started
+    tokenizer = load_tokenizer(_model_dir(ROOT))  # any tokenizer whose ids are rows of the embedding
+    started = time.perf_counter()
+    writer = AdapterCandidateWriter(model, tokenizer, work / "candidates")
+    base_write_s = time.perf_counter() - started
+    init_owner(work / "owner", "small", dp=True, sample_rate=1.0, planned_releases=50)
+    lora_b = [p for n, p in model.named_parameters() if ".lora_B." in n]
+    uploads = []
+    with OwnerProcess(work / "owner", startup_timeout_s=300) as owner:
+        client = TargetFeedbackClient(owner.client_settings(upload_deadline_s=3600.0))
+        try:
+            for index in range(candidates + 1):
+                with torch.no_grad():  # a new adapter per checkpoint, as a lookahead step makes
+                    for param in lora_b:
+                        param.add_(1e-3)
+                started = time.perf_counter()
+                written = writer.write(model.state_dict(keep_vars=True), f"cand{index}")
+                write_s = time.perf_counter() - started
+                started = time.perf_counter()
+                client.upload(written.directory, written.digests)
+                uploads.append({"write_s": write_s, "upload_s": time.perf_counter() - started,
+                                "bytes": int(client.last_upload_bytes)})
+                writer.discard(written)
+        finally:
+            client.close()
+    per_query = uploads[1:]
+    return {"build_s": build_s, "base_write_s": base_write_s, "base_bytes": writer.base_bytes,
+            "first": uploads[0], "candidates": per_query,
+            "query_upload_s": sum(u["upload_s"] for u in per_query),
+            "query_write_s": sum(u["write_s"] for u in per_query),
+            "query_bytes": sum(u["bytes"] for u in per_query)}
+
+
+def _qwen2_1p5b_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(  # Qwen2-1.5B's published shape
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, torch_dtype="bfloat16",
+    )
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -307,7 +423,8 @@ def _env(tree: Path) -> dict[str, str]:
 def run_goal(goal: int, tree: Path, args: argparse.Namespace, python: str = PYTHON) -> dict:
     command = [python, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
                "--steps", str(args.steps), "--seed", str(args.seed), "--pool", str(args.pool),
-               "--rounds", str(args.rounds), "--pairs", str(args.pairs), "--size-mb", str(args.size_mb), "--policies", args.policies]
+               "--rounds", str(args.rounds), "--pairs", str(args.pairs), "--size-mb", str(args.size_mb),
+               "--policies", args.policies, "--lora-steps", str(args.lora_steps)] + (["--lora-upload"] if args.lora_upload else [])
     started = time.perf_counter()
     done = subprocess.run(command, check=False, cwd=tree, env=_env(tree), capture_output=True, text=True)
     if done.returncode != 0:
@@ -322,7 +439,7 @@ def measure(goal: int, args: argparse.Namespace) -> dict:
         if goal == 1:
             return measure_simulate(tree, work, args.steps, args.seed, args.pairs)
         if goal == 2:
-            return measure_bytes()
+            return measure_bytes(tree, work, args.lora_steps, args.seed, args.lora_upload)
         if goal == 3:
             return measure_upload(tree, args.size_mb)
         if goal == 4:
@@ -358,6 +475,8 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
+    both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")
+    both(2, "2 Qwen2-1.5B bf16: upload of 1 query's adapters", lambda d: _lora_upload_cell(d), "(reported)")
     both(3, "3 upload mTLS / plain copy", lambda d: f"{d['upload_mib_s'] / d['copy_mib_s']:.0%} "
          f"({d['upload_mib_s']:.0f} / {d['copy_mib_s']:.0f} MiB/s, {d['size_mb']} MB)", ">= 50% (stretch)")
     both(3, "3 candidate changing k of T tensors sends", lambda d: _k_of_t_cell(d), "~ k/T")
@@ -411,6 +530,28 @@ def _lora_share(data: dict) -> str:
             f"({candidates} x {data['adapter_bytes'] / 2**20:.1f} MiB vs {data['full_bytes'] / 2**30:.2f} GiB)")
 
 
+def _lora_run_share(data: dict) -> str:
+    run = data.get("lora_run")
+    if run is None:
+        return "not run (no LoRA training, or --lora-steps 0)"
+    if not run["queries"]:
+        return f"no query in {run['steps']} steps"
+    per_query = run["query_bytes"] / run["queries"]
+    return (f"{per_query / run['checkpoint_bytes']:.1%} ({per_query / 2**10:.0f} KiB = "
+            f"{run['candidates'] / run['queries']:.1f} adapters/query, {run['queries']} queries; "
+            f"base once: {run['checkpoint_bytes'] / 2**20:.1f} MiB)")
+
+
+def _lora_upload_cell(data: dict) -> str:
+    up = data.get("lora_upload")
+    if up is None:
+        return "not measured (--lora-upload)"
+    count = len(up["candidates"])
+    return (f"{up['query_upload_s']:.2f} s upload + {up['query_write_s']:.2f} s write for {count} adapters "
+            f"({up['query_bytes'] / 2**20:.1f} MiB); base once: {up['first']['upload_s']:.0f} s "
+            f"({up['base_bytes'] / 2**30:.2f} GiB, with the owner's dry run)")
+
+
 def _k_of_t_cell(data: dict) -> str:
     k = data.get("k_of_t")
     if not k:
@@ -435,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="goal 4: timed steps per policy")
     parser.add_argument("--policies", default="l2rr,greso", help="goal 4: policies to time")
     parser.add_argument("--size-mb", type=int, default=100, help="goal 3: checkpoint size")
+    parser.add_argument("--lora-steps", type=int, default=40, help="goal 2: steps of the LoRA run (0: skip it)")
+    parser.add_argument("--lora-upload", action="store_true",
+                        help="goal 2: also time 1.5B-shaped adapter uploads to a real owner (writes a 3 GB base)")
     parser.add_argument("--json", type=Path, help="also write every raw figure here")
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)

@@ -43,6 +43,7 @@ from rlvr_core.models.tiny_spec import TinyPolicySpec
 from rlvr_core.tasks.prompt_data import PromptSetSpec
 from trainer_node.feedback.aggregation import AggregationOptions
 from trainer_node.grpo.settings import GRPOSettings
+from trainer_node.lora import LoraSettings
 from trainer_node.policies.options import PolicyOptions
 
 REFERENCE = "trainer_node/configs/train_default.toml"  # where unknown-key errors send the reader
@@ -72,6 +73,10 @@ class ModelConfig(Section):
         "working directory).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Weights dtype.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train a LoRA adapter (PEFT, the `lora` extra) instead of every parameter; "
+        "candidates and releases then send only the adapter (trainer_node/lora.py). Absent = full-parameter.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -527,7 +532,11 @@ class TrainConfig(Section):
             check_aggregation(self.feedback, self.owners)
         from trainer_node.integrations.support import check_engine_support, engine_support
 
-        check_engine_support(self.policy, engine_support(self.engine.name))  # names the field and the fix
+        support = engine_support(self.engine.name)
+        check_engine_support(self.policy, support)  # names the field and the fix
+        if self.model.lora is not None and not support.lora:
+            raise ValueError(f"model.lora: engine {self.engine.name!r} does not train LoRA adapters here; use "
+                             "engine.name = 'trainer_node', or remove [model.lora]")
         if self.grpo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be smaller than "

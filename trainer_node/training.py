@@ -221,6 +221,13 @@ def build_training(
         model, tokenizer = load_model(model_dir, config.run.device, config.model.dtype)
         rendering = choose_rendering(mode, template, owner_rendering, tokenizer)
         check_renderable(rendering, pool_examples + eval_examples)
+    if config.model.lora is not None:  # before the engine and the trainer see it: both use the wrapped model
+        from trainer_node.lora import apply_lora
+
+        model = apply_lora(model, config.model.lora)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("LoRA r=%d on %s: %d trainable parameters", config.model.lora.r,
+                 ", ".join(config.model.lora.target_modules), trained)
     log.info("prompts are rendered with %s", rendering.describe())
     if config.data.train_on_feedback_split and extend_pool is None:
         raise ConfigError(_TARGET_MIX_REFUSED)
@@ -408,15 +415,39 @@ def start_owners(config: TrainConfig) -> OwnersAtStart | None:
     return OwnersAtStart(passed, failed, places)
 
 
-def check_owner_accepts_model(setup: TrainingSetup) -> None:
-    """The owner's upload rule on this model's upload set, before the first step (ConfigError otherwise)."""
+def check_owner_accepts_model(setup: TrainingSetup, info: Any = None) -> None:
+    """The owner's upload rule on this model's upload set, before the first step (ConfigError otherwise).
+
+    A LoRA run's upload set is the base folder + an adapter (trainer_node/feedback/adapters.py): it
+    is written and run through the owner's whole folder rule, adapter included; and an owner whose
+    GetInfo (`info`, when known) does not advertise LoRA adapters would refuse every query."""
     from rlvr_core.models.loading import UnsafeCheckpointError
     from rlvr_core.models.model_folder import check_uploadable
+    from trainer_node.lora import is_lora_model
 
-    try:
-        check_uploadable(setup.model, setup.tokenizer)
-    except UnsafeCheckpointError as error:
-        raise ConfigError(f"model: {error}") from None
+    if not is_lora_model(setup.model):
+        try:
+            check_uploadable(setup.model, setup.tokenizer)
+        except UnsafeCheckpointError as error:
+            raise ConfigError(f"model: {error}") from None
+        return
+    if info is not None and not info.delta_support.lora_adapters:
+        raise ConfigError("model.lora: the target owner does not accept LoRA adapters (its GetInfo does not "
+                          "advertise delta_support.lora_adapters); remove [model.lora] to send full checkpoints")
+    import tempfile
+
+    from protocol.refusal import CheckpointValidationError
+    from protocol.validation import validate_checkpoint_dir
+    from trainer_node.feedback.adapters import AdapterCandidateWriter
+
+    with tempfile.TemporaryDirectory(prefix="upload-check-") as scratch:
+        writer = AdapterCandidateWriter(setup.model, setup.tokenizer, Path(scratch))
+        written = writer.write(setup.trainer.current_state_dict(), "check")
+        try:
+            validate_checkpoint_dir(written.directory)
+        except CheckpointValidationError as error:
+            raise ConfigError(f"model.lora: the target owner would refuse this run's adapter checkpoints: "
+                              f"{error}") from None
 
 
 def run_training(config: TrainConfig, *, resume: Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -438,7 +469,7 @@ def run_training(config: TrainConfig, *, resume: Path | None = None, progress: b
     run_dir = rank_output_dir(Path(config.run.out_dir), rank)
     feedback = hook = None
     if isinstance(config.feedback, FeedbackConfig):
-        check_owner_accepts_model(setup)
+        check_owner_accepts_model(setup, owner.info if owner is not None else None)
         feedback = connect_feedback(setup, TargetFeedbackClient(config.feedback.client_settings()), run_dir)
         hook = OwnerFeedbackHook(feedback, final_release=config.feedback.final_release)
     elif several is not None and several.passed:

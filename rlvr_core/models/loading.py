@@ -133,6 +133,7 @@ def save_policy(
     tokenizer: PreTrainedTokenizerFast,
     out_dir: str | Path,
     overwrite: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Save model and tokenizer as safetensors + allowlisted JSON, and check the result.
 
@@ -141,7 +142,8 @@ def save_policy(
     it is allowlisted. Files transformers writes beyond the allowlist (e.g. chat_template.jinja)
     are deleted, and so is a chat template inside tokenizer_config.json: the owner renders
     prompts with its own declared rendering and refuses uploaded Jinja. For a given transformers version identical weights give identical bytes,
-    so the directory can be content-addressed.
+    so the directory can be content-addressed. `state_dict` (default: the model's own) is what is
+    written as the weights, e.g. a LoRA-wrapped model's base weights under their plain names.
     """
     root = Path(out_dir)
     if root.exists():
@@ -158,7 +160,7 @@ def save_policy(
     # Per-save progress bars ("Writing model shards") flood the output of runs that save
     # a candidate checkpoint every few steps.
     hf_logging.disable_progress_bar()
-    model.save_pretrained(str(root), safe_serialization=True)
+    model.save_pretrained(str(root), safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(str(root))
     for entry in root.iterdir():
         if entry.is_dir() and not entry.is_symlink():

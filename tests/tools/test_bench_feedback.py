@@ -29,7 +29,9 @@ def test_the_report_puts_every_goal_beside_today():
             "rounds": [{"feedback": 105.0, "ablation": 100.0, "release_difference": 99.0},
                        {"feedback": 130.0, "ablation": 100.0, "release_difference": 101.0},
                        {"feedback": 120.0, "ablation": 100.0, "release_difference": 90.0}]},
-        2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": True},
+        2: {"full_bytes": 3 * 2**30, "adapter_bytes": 9 * 2**20, "adapter_validated": True,
+            "lora_run": {"steps": 40, "queries": 4, "candidates": 16, "query_bytes": 4 * 2**20,
+                         "checkpoint_bytes": 2**23}},
         3: {"upload_mib_s": 60.0, "copy_mib_s": 300.0, "size_mb": 100,
             "k_of_t": {"k": 2, "T": 20, "bytes_new": 10, "bytes_full": 100, "bytes_of_changed_tensors": 9}},
         4: {"pool": 10_000_000, "l2rr": {"ms_per_round": 2.0, "policy_rss_mb": 300.0},
@@ -50,18 +52,22 @@ def test_the_report_puts_every_goal_beside_today():
     assert "2.1% (7 x 9.0 MiB vs 3.00 GiB)" in text and "20% (60 / 300 MiB/s" in text
     assert "10.0% of the bytes for k/T = 2/20 tensors holding 9.0%" in text and "error: boom" in text
     assert "1.50 s (first 9.00 s)" in text and "700% (7 full checkpoints: no adapters)" in text
+    assert "12.5% (1024 KiB = 4.0 adapters/query, 4 queries; base once: 8.0 MiB)" in text
+    assert "not run (no LoRA training, or --lora-steps 0)" in text
 
 
 def test_it_measures_the_sampler_the_bytes_and_the_owner_start(tmp_path):
     out = tmp_path / "figures.json"
     command = [sys.executable, str(ROOT / "tools" / "bench_feedback.py"), "--goals", "2,4,5", "--pool", "3000",
-               "--rounds", "1", "--json", str(out)]
+               "--rounds", "1", "--lora-steps", "0", "--json", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     figures = json.loads(out.read_text())["now"]
     assert figures["2"]["full_bytes"] > 3 * 10**9 and figures["2"]["adapter_validated"] is True
     assert 0 < figures["2"]["adapter_bytes"] < figures["2"]["full_bytes"] / 100
+    assert figures["2"]["adapter_source"] == "get_peft_model on the meta model"  # the real PEFT shapes
+    assert figures["2"]["adapter_parameters"] == 4_358_144  # r = 16 on q/k/v/o_proj of Qwen2-1.5B
     assert figures["4"]["pool"] == 3000 and figures["4"]["l2rr"]["ms_per_round"] > 0
     assert figures["4"]["greso"]["ms_per_round"] > 0
     assert 0 < figures["5"]["cached_start_s"] and figures["5"]["first_start_s"] > 0

@@ -66,7 +66,8 @@ def test_the_hook_adds_stats_to_each_step_and_collects_candidates():
     hook = OwnerFeedbackHook(FakeOwnerFeedback(), selector=selector, health_check=lambda: checks.append("alive"))
     record: dict = {}
     hook.after_step(2, record)
-    assert record == {"feedback_queries": 3, "feedback_failures": 1, "epsilon_spent": 0.25}
+    assert record == {"feedback_queries": 3, "feedback_failures": 1, "epsilon_spent": 0.25,
+                      "feedback_uploaded_bytes": 0, "feedback_query_uploaded_bytes": 0}
     assert selector.steps == [2] and checks == ["alive"]
     outcome = hook.finish(2)
     assert outcome.selection == "chosen" and outcome.evals == []  # no final release unless asked
@@ -78,6 +79,6 @@ def test_the_final_release_is_logged_and_summarised():
     assert owner.released_at == [9]
     assert outcome.evals == [{"name": "target_feedback", "accuracy": 0.7}]
     assert outcome.summary == {"target_feedback_accuracy": 0.7, "feedback_queries": 3, "feedback_failures": 1,
-                               "epsilon_spent": 0.25}
+                               "epsilon_spent": 0.25, "feedback_query_uploaded_bytes": 0}
     unanswered = OwnerFeedbackHook(FakeOwnerFeedback(release=None), final_release=True).finish(9)
     assert unanswered.evals == [] and "target_feedback_accuracy" not in unanswered.summary

@@ -52,6 +52,18 @@ class WrittenCheckpoint:
         return sum(self.sizes.values())
 
 
+def candidate_writer(model: torch.nn.Module, tokenizer: Any, workdir: Path) -> Any:
+    """The writer of this model's candidates: base + adapters for a LoRA model
+    (trainer_node/feedback/adapters.py), one shard per tensor otherwise."""
+    from trainer_node.lora import is_lora_model
+
+    if is_lora_model(model):
+        from trainer_node.feedback.adapters import AdapterCandidateWriter
+
+        return AdapterCandidateWriter(model, tokenizer, workdir)
+    return CandidateWriter(model, tokenizer, workdir)
+
+
 class CandidateWriter:
     """Writes parameter sets of one model as per-tensor-shard checkpoints (see the module docstring)."""
 
@@ -131,14 +143,14 @@ class CandidateWriter:
         sizes: dict[str, int] = {}
         for name, (digest, size) in self._static_files.items():
             source = self.blobs / digest if name == INDEX_FILE else self.static / name
-            _link(source, out / name)
+            link_file(source, out / name)
             digests[name], sizes[name] = digest, size
         live = self._live_tensors()
         total = len(self.tensor_names)
         for position, name in enumerate(self.tensor_names):
             file = shard_name(position, total)
             digest, size = self._shard(name, state[name], live.get(name))
-            _link(self.blobs / digest, out / file)
+            link_file(self.blobs / digest, out / file)
             digests[file], sizes[file] = digest, size
         return WrittenCheckpoint(out, digests, sizes)
 
@@ -161,14 +173,7 @@ class CandidateWriter:
         return digest, size
 
     def _store(self, data: bytes) -> tuple[str, int]:
-        digest = hashlib.sha256(data).hexdigest()
-        blob = self.blobs / digest
-        if not blob.exists():
-            tmp = blob.with_name(blob.name + ".tmp")
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, blob)
-        return digest, len(data)
+        return store_blob(self.blobs, data)
 
     def discard(self, written: WrittenCheckpoint) -> None:
         """Remove a checkpoint folder (its blobs stay: later candidates reuse them)."""
@@ -183,6 +188,18 @@ class CandidateWriter:
                 blob.unlink(missing_ok=True)
 
 
+def store_blob(blobs: Path, data: bytes) -> tuple[str, int]:
+    """(sha256, size) of `data`, written once to blobs/<sha256> (atomically; kept if already there)."""
+    digest = hashlib.sha256(data).hexdigest()
+    blob = blobs / digest
+    if not blob.exists():
+        tmp = blob.with_name(blob.name + ".tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, blob)
+    return digest, len(data)
+
+
 def _shard_bytes(name: str, tensor: torch.Tensor) -> bytes:
     from safetensors.torch import save
 
@@ -193,7 +210,8 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
 
 
-def _link(source: Path, target: Path) -> None:
+def link_file(source: Path, target: Path) -> None:
+    """A hard link (a copy where the file system has none): candidate folders share their files."""
     try:
         os.link(source, target)
     except OSError:

@@ -1,7 +1,8 @@
 """OwnerFeedback: the FeedbackContext a data policy uses to learn from a remote target owner.
 
 It turns lookahead parameter sets into checkpoint folders (trainer_node/feedback/candidates.py:
-one shard per tensor, so only changed tensors travel), uploads them, asks for ONE
+one shard per tensor, so only changed tensors travel; a LoRA run's: the base once, then only
+adapters, trainer_node/feedback/adapters.py), uploads them, asks for ONE
 multi-candidate release on the owner's secret subsample, and paces queries so the privacy
 budget lasts the run. When the owner is unreachable or the budget is spent the release is
 None: training goes on with the policy's last state, and the log says so.
@@ -66,6 +67,9 @@ class FeedbackStats:
     last_noise_std: float = 0.0
     uploaded_bytes: int = 0
     """Bytes the owner did not hold and that were sent (manifest-only files excluded)."""
+    query_uploaded_bytes: int = 0
+    """The part of uploaded_bytes sent for feedback queries (base + candidates; not evaluation or
+    selection uploads): / queries = what a query costs in bytes (a LoRA run: its adapters)."""
     background_candidates_s: float = 0.0
     """Asynchronous queries: seconds the background thread spent building lookahead candidates."""
     background_upload_s: float = 0.0
@@ -232,15 +236,17 @@ class OwnerFeedback:
     def _upload_all(self, states: Sequence[dict[str, Any]]) -> list[str]:
         labels = ["base"] + [f"cand{i}" for i in range(len(states) - 1)]
         with self._upload_lock, self._phase("upload"):
+            before = self.stats.uploaded_bytes
             ids = [self._write_and_upload(state, label) for state, label in zip(states, labels)]
+            self.stats.query_uploaded_bytes += self.stats.uploaded_bytes - before
             self._writer_for().prune_blobs(keep=set())  # the owner holds them now
         return ids
 
     def _writer_for(self):
         if self._writer is None:
-            from trainer_node.feedback.candidates import CandidateWriter
+            from trainer_node.feedback.candidates import candidate_writer
 
-            self._writer = CandidateWriter(self.trainer.model, self.trainer.tokenizer, self.workdir)
+            self._writer = candidate_writer(self.trainer.model, self.trainer.tokenizer, self.workdir)
         return self._writer
 
     def _write_and_upload(self, state: dict[str, Any], label: str) -> str:

@@ -56,7 +56,8 @@ class OwnerFeedbackHook:
         self._note_stop(step)
         stats = self.feedback.stats
         record.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
-                      epsilon_spent=stats.epsilon_spent)
+                      epsilon_spent=stats.epsilon_spent, feedback_uploaded_bytes=stats.uploaded_bytes,
+                      feedback_query_uploaded_bytes=stats.query_uploaded_bytes)
         if self.selector is not None:
             self.selector.after_step(step)
 
@@ -74,7 +75,7 @@ class OwnerFeedbackHook:
             outcome.selection = self.selector.select()
         stats = self.feedback.stats
         outcome.summary.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
-                               epsilon_spent=stats.epsilon_spent)
+                               epsilon_spent=stats.epsilon_spent, feedback_query_uploaded_bytes=stats.query_uploaded_bytes)
         self._note_stop(step)
         if self.stopped_step is not None:
             outcome.summary.update(feedback_stopped_step=self.stopped_step, feedback_stopped_reason=self.stopped_reason)

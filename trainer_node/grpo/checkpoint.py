@@ -1,7 +1,12 @@
 """Checkpoint and resume a GRPO run without pickle.
 
 A checkpoint directory holds
-    model/                     save_policy output (config + *.safetensors + tokenizer)
+    model/                     save_policy output (config + *.safetensors + tokenizer); a LoRA run's
+                               is the adapter MERGED into the base: a plain folder anyone (and the
+                               owner, as a full checkpoint) can load and evaluate
+    adapter/                   LoRA runs only (trainer_node/lora.py): adapter_config.json +
+                               adapter_model.safetensors, the owner's adapter format, which
+                               PeftModel.from_pretrained(base, "adapter") also loads; resume reads it
     optimizer.safetensors      every optimizer state tensor, keyed "state.<param>.<name>"
     rng.safetensors            torch CPU (and CUDA) generator states as uint8 tensors
     trainer_state.json         step, rollout count, optimizer param groups and scalar state,
@@ -22,9 +27,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from protocol.adapter_rules import ADAPTER_WEIGHTS_FILE
 from trainer_node.grpo.trainer import GRPOTrainer
+from trainer_node.lora import is_lora_model
 
 FORMAT_VERSION = 1
+ADAPTER_DIR = "adapter"
 STATE_FILE = "trainer_state.json"
 
 
@@ -46,7 +54,14 @@ def save_checkpoint(trainer: GRPOTrainer, directory: Path, extra: dict[str, Any]
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
 
-    save_policy(trainer.model, trainer.tokenizer, tmp / "model")
+    if is_lora_model(trainer.model):
+        from trainer_node.feedback.adapters import write_adapter_folder
+        from trainer_node.lora import merged_copy
+
+        save_policy(merged_copy(trainer.model), trainer.tokenizer, tmp / "model")
+        write_adapter_folder(trainer.model, tmp / ADAPTER_DIR)
+    else:
+        save_policy(trainer.model, trainer.tokenizer, tmp / "model")
     opt_tensors, opt_json = _split_optimizer_state(trainer.optimizer.state_dict())
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     save_file(_torch_rng_tensors(), str(tmp / "rng.safetensors"))
@@ -83,11 +98,27 @@ def load_checkpoint(trainer: GRPOTrainer, directory: Path) -> dict[str, Any]:
             f"checkpoint {directory} was written by data policy {state['policy_name']!r}, "
             f"this run uses {trainer.policy.name!r}"
         )
-    weights = _read_model_weights(directory / "model")
+    lora = is_lora_model(trainer.model)
+    if lora != (directory / ADAPTER_DIR).is_dir():
+        raise CheckpointError(
+            f"checkpoint {directory} was written by a {'full-parameter' if lora else 'LoRA'} run and this run "
+            f"{'trains a LoRA adapter' if lora else 'trains every parameter'}: resume with the same [model.lora]")
+    if lora:
+        adapter = load_file(str(directory / ADAPTER_DIR / ADAPTER_WEIGHTS_FILE))
+    else:
+        weights = _read_model_weights(directory / "model")
     opt_tensors = load_file(str(directory / "optimizer.safetensors"))
     rng = load_file(str(directory / "rng.safetensors"))
 
-    _load_model_weights(trainer.model, weights, directory)
+    if lora:
+        from trainer_node.lora import load_adapter_tensors
+
+        try:
+            load_adapter_tensors(trainer.model, adapter)
+        except ValueError as error:
+            raise CheckpointError(f"checkpoint {directory}: {error}") from None
+    else:
+        _load_model_weights(trainer.model, weights, directory)
     trainer.optimizer.load_state_dict(_join_optimizer_state(opt_tensors, state["optimizer"]))
     trainer.policy.load_state_dict(state["policy_state"])
     trainer.policy.rng.bit_generator.state = state["policy_rng"]

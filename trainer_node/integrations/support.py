@@ -35,9 +35,11 @@ class EngineSupport:
     any_policy: bool = True
     """It runs every data policy; False: only those that draw from a cluster distribution
     (`DataPolicy.cluster_sampler`), which the engine's shared index stream reproduces."""
+    lora: bool = False
+    """It trains a `[model.lora]` adapter (trainer_node/lora.py) and sends adapter candidates."""
 
 
-OWN_LOOP = EngineSupport(engine="trainer_node", lookahead_candidates=True)
+OWN_LOOP = EngineSupport(engine="trainer_node", lookahead_candidates=True, lora=True)
 """The project's own GRPO loop: every policy and estimator."""
 
 
@@ -52,6 +54,8 @@ class TrainingEngine(ABC):
     """The pyproject extra that installs it (None: nothing beyond the project)."""
     resumable: ClassVar[bool] = False
     """`train --resume` continues its checkpoints."""
+    lora: ClassVar[bool] = False
+    """It trains a `[model.lora]` adapter (the PEFT-wrapped model's adapter parameters only)."""
 
     @classmethod
     def process_rank(cls) -> int:
@@ -62,7 +66,7 @@ class TrainingEngine(ABC):
     @classmethod
     def support(cls) -> EngineSupport:
         return EngineSupport(engine=cls.name, lookahead_candidates=cls.lookahead_candidates,
-                             any_policy=cls.any_policy)
+                             any_policy=cls.any_policy, lora=cls.lora)
 
     @abstractmethod
     def run(self, setup: Any, output: Any, schedule: Any, evaluation: Any, hook: Any, feedback: Any) -> Any:
@@ -89,6 +93,7 @@ class OwnLoopEngine(TrainingEngine):
     lookahead_candidates = True
     any_policy = True
     resumable = True
+    lora = True
 
     def run(self, setup, output, schedule, evaluation, hook, feedback):
         from trainer_node.loop import run_loop
