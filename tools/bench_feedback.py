@@ -61,10 +61,10 @@ PYTHON = sys.executable
 # They use only interfaces both trees have.
 
 
-ARMS = (  # goal 1's runs: label, [policy] lines added to simulate's defaults
-    ("ablation", "learn_q = false"),                          # no feedback: the yardstick
-    ("feedback", ""),                                         # the default estimator (lookahead)
-    ("release_difference", 'estimator = "release_difference"'),  # the release-only estimator
+ARMS = (  # goal 1's runs: label, the estimator the tree must have (None: any tree), [policy] line
+    ("ablation", None, "learn_q = false"),  # no feedback: the yardstick
+    ("feedback", None, ""),  # the default estimator (lookahead)
+    ("release_difference", "release_difference", 'estimator = "release_difference"'),  # release-only
 )
 
 
@@ -76,8 +76,8 @@ def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int =
     the per-round ratios."""
     defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
     estimators = (tree / "trainer_node" / "policies" / "l2rr_estimators.py").read_text()
-    arms = [(label, line) for label, line in ARMS
-            if label != "release_difference" or '"release_difference"' in estimators]  # "today" lacks it
+    arms = [(label, line) for label, needs, line in ARMS
+            if needs is None or f'"{needs}"' in estimators]  # "today" lacks release_difference
     out: dict = {"rounds": []}
     for round_ in range(max(pairs, 1)):
         loops = {}
