@@ -84,6 +84,8 @@ class MethodSpec(_Strict):
     no_dp: bool | None = None
     """This row's owner releases exact accuracy (True) or DP-noised (False); None = the spec's no_dp.
     One table can then hold a method with and without DP noise, paired by seed."""
+    epsilon: float | None = Field(default=None, gt=0)
+    """This row's owner privacy budget per run (simulate --epsilon); None = the spec's epsilon."""
     group: Literal["main", "ablation", "sweep", "diagnostic"] = "main"
     """Which table the row goes to: main = Table 1, ablation = Table 2, sweep = the lambda figure,
     diagnostic = references and variants (oracle, target-mix, estimators, checkpoint selection)."""
@@ -411,7 +413,8 @@ def plan_runs(spec: BenchSpec) -> list[PlannedRun]:
                 runs.append(PlannedRun(
                     testbed=testbed, label=method.label, policy=method.policy, seed=seed, steps=spec.steps,
                     no_dp=spec.no_dp if method.no_dp is None else method.no_dp,
-                    config=run_config(spec, method, testbed, seed), epsilon=spec.epsilon,
+                    config=run_config(spec, method, testbed, seed),
+                    epsilon=spec.epsilon if method.epsilon is None else method.epsilon,
                     owners=spec.owners,
                 ))
     return runs

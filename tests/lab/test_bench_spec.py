@@ -138,6 +138,9 @@ def test_a_method_may_turn_dp_off_for_its_own_rows_and_the_hash_sees_it():
     everywhere = {r.label: r.no_dp for r in plan_runs(spec_with(no_dp=True, methods=[
         {"label": "uniform", "policy": "uniform"}, {"label": "l2rr-dp", "policy": "l2rr", "no_dp": False}]))}
     assert everywhere == {"uniform": True, "l2rr-dp": False}  # the method's choice wins over the spec's
+    budgets = {r.label: r.epsilon for r in plan_runs(spec_with(epsilon=8.0, methods=[
+        {"label": "l2rr", "policy": "l2rr"}, {"label": "l2rr-eps1", "policy": "l2rr", "epsilon": 1.0}], control="l2rr"))}
+    assert budgets == {"l2rr": 8.0, "l2rr-eps1": 1.0}
 
 
 def test_config_overrides_merge_with_method_winning():
