@@ -15,9 +15,11 @@ group update u(a) = J^T a has <u(a), u(c)> = a^T G c.
                    = a(eta)^T G a_hat - q ||G a(eta)||_*  (dual norm: l1 for the box, l2 for the
                    sphere); f is concave, so {f >= 0} is an interval and bisection finds its end.
 (c) risk gate      accept when rho = f(eta*) / (||a(eta*)||_G ||a_hat||_G) >= tau_sel and the
-                   reward-space projection (G = I) is > 0; tau_sel is the loosest threshold of a
-                   grid that binomial tests (Bonferroni over the grid) certify with conditional
-                   direction-reversal risk <= beta, simultaneously, at confidence 1 - delta.
+                   reward-space projection (G = I) is > 0; tau_sel comes from fixed-sequence
+                   testing (Learn-then-Test): binomial tests of "conditional direction-reversal
+                   risk > beta" down the grid from its most conservative threshold, each at the
+                   full level delta, stopping at the first one not rejected (family-wise error
+                   <= delta with no multiplicity cost).
 
 Every quantity is invariant under s -> a s + b (a > 0): a(s) is, so q, a0, eta*, rho are.
 """
@@ -155,18 +157,48 @@ class Threshold:
         return self.reversals / self.accepted if self.accepted else math.nan
 
 
+def certificate_size(beta: float, delta: float) -> int:
+    """The fewest accepted calibration groups that can certify a threshold: with 0 reversals the
+    binomial p-value is (1 - beta)^N, <= delta iff N >= log(delta) / log(1 - beta)."""
+    return math.ceil(math.log(delta) / math.log1p(-beta) - 1e-12)
+
+
+def sequence_start(order_rhos: Sequence[float], test_size: int, beta: float, delta: float,
+                   grid: Sequence[float]) -> float:
+    """Where the fixed sequence begins, chosen on an ordering split independent of the test
+    records (Pareto testing, Laufer-Goldshtein et al. 2023: order on one split, test on the other):
+    the most conservative tau of the grid at which the ordering split predicts enough test
+    records, share(rho >= tau) x test_size >= certificate_size(beta, delta), to certify with no
+    reversal. A threshold that would hold too few records cannot be rejected, and it would stop
+    the sequence before any threshold is tested. The lowest tau when none qualifies."""
+    need = certificate_size(beta, delta)
+    ordered = sorted(grid, reverse=True)
+    if order_rhos:
+        for tau in ordered:
+            share = sum(rho >= tau for rho in order_rhos) / len(order_rhos)
+            if share * test_size >= need:
+                return float(tau)
+    return float(ordered[-1])
+
+
 def select_threshold(records: Sequence[tuple[float, bool]], beta: float, delta: float,
-                     grid: Sequence[float]) -> Threshold:
+                     grid: Sequence[float], start: float = math.inf) -> Threshold:
     """(c): records are (rho, reversed) of risk-calibration groups. For each candidate tau, H_tau:
     "the reversal risk of groups with rho >= tau is > beta", rejected when the binomial p-value
-    P(Bin(N_tau, beta) <= F_tau) <= delta / |grid| (Bonferroni: with probability >= 1 - delta
-    every certified threshold is right at once, whatever the order). tau_sel is the loosest
-    certified threshold; inf when none is (nothing is accepted)."""
-    level = delta / max(len(grid), 1)
+    P(Bin(N_tau, beta) <= F_tau) <= delta. Fixed-sequence testing (Learn-then-Test, Angelopoulos
+    et al. 2021): the hypotheses are tested in an order fixed before the records are seen, from
+    the most conservative threshold (the grid's largest tau <= `start`) down, each at the full
+    level delta, and testing stops at the first one not rejected. A false certificate needs the
+    first true null met to be rejected, which happens with probability <= delta, so with
+    probability >= 1 - delta every certified threshold is right (family-wise error <= delta, no
+    Bonferroni split). tau_sel is the last certified threshold (the loosest); inf when the first
+    is not certified (nothing is accepted). `start` must not depend on the records' reversals
+    (see `sequence_start`)."""
     chosen = Threshold(math.inf, 0, 0)
-    for tau in sorted(grid, reverse=True):
+    for tau in sorted((t for t in grid if t <= start), reverse=True):
         accepted = [rev for rho, rev in records if rho >= tau]
         n, f = len(accepted), sum(accepted)
-        if n and binomial_cdf(f, n, beta) <= level:
-            chosen = Threshold(float(tau), n, f)
+        if not n or binomial_cdf(f, n, beta) > delta:
+            break
+        chosen = Threshold(float(tau), n, f)
     return chosen
