@@ -115,3 +115,15 @@ def test_setgrpo_trains_a_tiny_policy_with_a_noisy_grader(tmp_path):
     assert all(r["setgrpo/heldback_groups"] == 3.0 for r in records)
     assert all(r["setgrpo/jacobian_s"] >= 0 and r["setgrpo/recovery_s"] >= 0 for r in records)
     assert all(0 < r["update/kept_frac"] <= 0.5 for r in records if not r["update_skipped"])
+
+
+def test_reference_draws_ask_the_grader_for_more_and_average_them():
+    rule = build_rule("coefficients", {**FAST, "reference_draws": 3})
+    assert rule.grader_draws == 5 and UpdateSeams(coefficients=rule).grader_draws == 5
+    three = make_input(noisy_groups(np.random.default_rng(0), 8, flip=0.05))
+    with pytest.raises(ValueError, match="5 grader draws"):
+        rule.coefficients(three)
+    scores = torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0, 0.0]])
+    fresh = rule.fresh(scores, torch.arange(3))
+    expected = torch.tensor([2 / 3, 1 / 3, 2 / 3], dtype=torch.float64)
+    assert torch.allclose(fresh, (expected - expected.mean()) / (expected.std() + 1e-6))

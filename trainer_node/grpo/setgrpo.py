@@ -163,22 +163,26 @@ def certificate_size(beta: float, delta: float) -> int:
     return math.ceil(math.log(delta) / math.log1p(-beta) - 1e-12)
 
 
-def sequence_start(order_rhos: Sequence[float], test_size: int, beta: float, delta: float,
+def sequence_start(order: Sequence[tuple[float, bool]], test_size: int, beta: float, delta: float,
                    grid: Sequence[float]) -> float:
     """Where the fixed sequence begins, chosen on an ordering split independent of the test
-    records (Pareto testing, Laufer-Goldshtein et al. 2023: order on one split, test on the other):
-    the most conservative tau of the grid at which the ordering split predicts enough test
-    records, share(rho >= tau) x test_size >= certificate_size(beta, delta), to certify with no
-    reversal. A threshold that would hold too few records cannot be rejected, and it would stop
-    the sequence before any threshold is tested. The lowest tau when none qualifies."""
-    need = certificate_size(beta, delta)
+    records (Pareto testing, Laufer-Goldshtein et al. 2023: choose on one split, test on the
+    other): the tau of the grid whose binomial p-value the ordering split's own records
+    (rho, reversed) predict smallest, scaled to `test_size` records and with one reversal more
+    (a margin for the test split's chance); ties go to the more conservative tau. Starting higher
+    would meet a threshold that holds too few test records, which cannot be rejected and would
+    stop the sequence before the promising ones are tested. The lowest tau without records."""
     ordered = sorted(grid, reverse=True)
-    if order_rhos:
+    best, best_p = float(ordered[-1]), math.inf
+    if order and test_size:
+        ratio = test_size / len(order)
         for tau in ordered:
-            share = sum(rho >= tau for rho in order_rhos) / len(order_rhos)
-            if share * test_size >= need:
-                return float(tau)
-    return float(ordered[-1])
+            accepted = [rev for rho, rev in order if rho >= tau]
+            n = round(len(accepted) * ratio)
+            p = binomial_cdf(round(sum(accepted) * ratio) + 1, n, beta) if n else 1.0
+            if p < best_p:
+                best, best_p = float(tau), p
+    return best
 
 
 def select_threshold(records: Sequence[tuple[float, bool]], beta: float, delta: float,

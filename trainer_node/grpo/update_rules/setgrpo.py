@@ -74,6 +74,9 @@ class SetGrpoOptions(UpdateRuleOptions):
                                                              "'anchor_only': eta = 0 always (ablation).")
     disagreement_floor: float = Field(default=0.5, gt=0.0, description="(a) s_g = ||a(s1) - a(s2)|| + this: "
                                       "the set's scale for a group whose two draws agree (coefficient units).")
+    reference_draws: int = Field(default=1, ge=1, le=32, description="Fresh grader draws per rollout of a "
+                                 "held-back group, averaged into the reference the set must cover and the risk "
+                                 "gate's reversal is measured against (the grader is asked for 2 + this many).")
     eps: float = Field(default=1e-6, gt=0.0, description="Added to each group's score std.")
     seed: int = Field(default=0, ge=0, description="Seeds the choice of held-back groups.")
 
@@ -143,12 +146,13 @@ class GroupWindow:
 class SetGrpo(CoefficientRule):
     options: SetGrpoOptions
     requires = frozenset({"grader_scores", "group_geometry"})
-    grader_draws = 3  # two build each group's set; the third, on held-back groups only, is the fresh draw
+    grader_draws = 3  # two build each group's set; the others, on held-back groups only, are the fresh draws
 
     def __init__(self, options: SetGrpoOptions):
         super().__init__(options)
         if options.geometry == "identity":  # G = I needs no features: skip the geometry pass
             self.requires = frozenset({"grader_scores"})
+        self.grader_draws = 2 + options.reference_draws
         window = options.calibration_window
         self.coverage_window: deque[float] = deque(maxlen=window)      # nonconformities R
         self.risk_window = GroupWindow(window)   # (c) the test split of the risk calibration
@@ -201,8 +205,9 @@ class SetGrpo(CoefficientRule):
         return 0.5 * (a1 + a2), sg.set_norm(a1 - a2, shape) + self.options.disagreement_floor
 
     def fresh(self, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The coefficients of the third, independent draw (held-back groups only)."""
-        return sg.standardise(scores[rows, 2], self.options.eps)
+        """The coefficients of the fresh reference: the mean of the draws after the first two
+        (held-back groups only; one draw by default, the seed's setting)."""
+        return sg.standardise(scores[rows, 2:self.grader_draws].mean(dim=1), self.options.eps)
 
     def quantile(self) -> float:
         return sg.conformal_quantile(list(self.coverage_window), self.options.alpha)
@@ -229,16 +234,18 @@ class SetGrpo(CoefficientRule):
     def risk_records(self, q: float) -> list[tuple[float, bool]]:
         """(rho, reversed) of every risk group at the set radius q (x its scale): reversed when its
         recovered update opposes the update of its fresh draw."""
-        def record(group: HeldBackGroup) -> tuple[float, bool]:
-            rec, rho = self.gate_statistic(group.centre, group.gram, q * group.scale)
-            return rho, float(rec.coefficients @ group.gram @ group.target) < 0
+        return self.risk_window.records(q, lambda group: self.record(group, q))
 
-        return self.risk_window.records(q, record)
+    def record(self, group: HeldBackGroup, q: float) -> tuple[float, bool]:
+        """A held-back group's gate statistic at radius q and whether its recovered update reverses
+        (opposes the update of its fresh reference coefficients)."""
+        rec, rho = self.gate_statistic(group.centre, group.gram, q * group.scale)
+        return rho, float(rec.coefficients @ group.gram @ group.target) < 0
 
     def threshold(self, q: float) -> sg.Threshold:
         """(c) tau_sel: fixed-sequence tests on the risk window, starting where the ordering split
         (the coverage groups, disjoint from the risk groups) predicts enough records to certify."""
-        order = self.order_window.records(q, lambda g: self.gate_statistic(g.centre, g.gram, q * g.scale)[1])
+        order = self.order_window.records(q, lambda group: self.record(group, q))
         start = sg.sequence_start(order, len(self.risk_window), self.options.beta, self.options.delta, self.grid)
         self._metrics["setgrpo/tau_start"] = start
         return sg.select_threshold(self.risk_records(q), self.options.beta, self.options.delta, self.grid, start)
