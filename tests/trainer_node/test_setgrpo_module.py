@@ -48,6 +48,9 @@ def test_after_calibration_it_gates_and_logs_the_seeds_diagnostics():
     assert 0.0 <= metrics["setgrpo/coverage"] <= 1.0 and math.isfinite(metrics["setgrpo/quantile"])
     accepted = [m["setgrpo/accepted_ratio"] for _, m in outputs if m["setgrpo/calibrated"]]
     assert any(a > 0 for a in accepted)
+    # only groups with a finite gate statistic can be accepted
+    assert all(m["setgrpo/gateable_ratio"] >= m["setgrpo/accepted_ratio"] for _, m in outputs if m["setgrpo/calibrated"])
+    assert all(m["setgrpo/risk_gateable"] <= m["setgrpo/risk_window"] for _, m in outputs if m["setgrpo/calibrated"])
 
 
 @pytest.mark.parametrize("a,b", [(0.5, -1.0), (1.0, 0.0), (2.0, 1.0), (3.0, -2.0)])

@@ -291,7 +291,7 @@ class SetGrpo(CoefficientRule):
         calibrated = (len(self.coverage_window) >= self.options.min_calibration
                       and len(self.risk_window) >= self.options.min_calibration and math.isfinite(q))
         threshold = self.threshold(q) if calibrated else sg.Threshold(math.inf, 0, 0)
-        etas, norms, accepted, informative = [], [], 0, 0
+        etas, norms, accepted, informative, gateable = [], [], 0, 0, 0
         held_set = set(held)
         for position, rows in enumerate(groups):
             if position in held_set:
@@ -308,6 +308,7 @@ class SetGrpo(CoefficientRule):
             gram = self.gram(features, rows)
             rec, rho = self.gate_statistic(a_hat, gram, q * scale)
             etas.append(rec.eta)
+            gateable += int(math.isfinite(rho))
             if rho >= threshold.tau:
                 accepted += 1
                 advantages[rows] = rec.coefficients
@@ -320,6 +321,11 @@ class SetGrpo(CoefficientRule):
             "setgrpo/heldback_groups": float(len(held)),
             "setgrpo/accepted_ratio": accepted / informative if calibrated and informative else math.nan,
             "setgrpo/recovery_mean": float(np.mean(etas)) if etas else math.nan,
+            # groups with a finite gate statistic (feasible recovery, positive reward-space projection):
+            # the only ones any threshold can accept
+            "setgrpo/gateable_ratio": gateable / informative if calibrated and informative else math.nan,
+            "setgrpo/risk_gateable": float(sum(math.isfinite(rho) for rho, _ in self.risk_records(q)))
+            if calibrated else math.nan,
             "setgrpo/coef_norm": float(np.mean(norms)) if norms else math.nan,
             "setgrpo/coverage_step": step_hits / step_tests if step_tests else math.nan,
             "setgrpo/coverage": self.coverage_hits / self.coverage_tests if self.coverage_tests else math.nan,
