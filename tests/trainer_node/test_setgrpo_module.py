@@ -130,3 +130,15 @@ def test_reference_draws_ask_the_grader_for_more_and_average_them():
     fresh = rule.fresh(scores, torch.arange(3))
     expected = torch.tensor([2 / 3, 1 / 3, 2 / 3], dtype=torch.float64)
     assert torch.allclose(fresh, (expected - expected.mean()) / (expected.std() + 1e-6))
+
+
+def test_the_gate_statistic_rejects_a_zero_update_and_keeps_a_boundary_recovery():
+    rule = build_rule("coefficients", {**FAST, "geometry": "identity"})
+    a_hat = torch.tensor([1.5, -0.5, -0.5, -0.5], dtype=torch.float64)
+    identity = torch.eye(4, dtype=torch.float64)
+    rec, rho = rule.gate_statistic(a_hat, identity, 5.0)  # the set holds the origin: the anchor is 0
+    assert float(rec.coefficients.abs().sum()) == 0 and rho == -math.inf
+    rec, rho = rule.gate_statistic(a_hat, identity, 1.2)  # eta* < 1: worst projection 0 at the boundary
+    assert 0 < rec.eta < 1 and rho == 0.0  # direction-preserving (f >= 0), so a record the gate can accept
+    singular = torch.zeros(4, 4, dtype=torch.float64)  # no geometry at all: no scale for rho
+    assert build_rule("coefficients", FAST).gate_statistic(a_hat, singular, 0.8)[1] == -math.inf

@@ -214,16 +214,22 @@ class SetGrpo(CoefficientRule):
 
     def gate_statistic(self, a_hat: torch.Tensor, gram: torch.Tensor, q: float) -> tuple[sg.Recovery, float]:
         """The recovery of a group (point a_hat, set radius q) and its gating statistic rho (-inf
-        when the reward-space projection is not positive or the recovery is infeasible)."""
+        when the reward-space worst projection is negative, the update is zero or has no scale in
+        the geometry, or the recovery is infeasible)."""
         shape = self.options.set_shape
         rec = sg.recover(a_hat, gram, q, shape, anchor_only=self.options.recovery == "anchor_only")
         identity = torch.eye(len(a_hat), dtype=torch.float64)
         reward_space = sg.worst_projection(rec.coefficients, a_hat, identity, q, shape)
-        if not rec.feasible or reward_space <= 0:
+        # non-negative (direction-preserving, docs (b)) up to the bisection's tolerance: at eta* < 1
+        # in the identity geometry the worst projection is 0 by construction
+        # (a zero update is no update: never accepted, and never a record that cannot reverse)
+        tolerance = 1e-9 * float(a_hat @ a_hat)  # the bisection's, in reward space
+        if not rec.feasible or float(rec.coefficients.abs().sum()) == 0 or reward_space < -tolerance:
             return rec, -math.inf
         # A feasible recovery has f(eta*) >= 0 up to the bisection's tolerance: rho >= 0 exactly, so
         # the grid's threshold 0 accepts every feasible group.
-        return rec, max(sg.normalised_projection(rec.coefficients, a_hat, gram, q, shape), 0.0)
+        rho = sg.normalised_projection(rec.coefficients, a_hat, gram, q, shape)
+        return rec, max(rho, 0.0) if math.isfinite(rho) else -math.inf
 
     def goes_to_risk(self, index: int) -> bool:
         """Whether the index-th held-back group (of the run) joins the risk window: a fixed pattern
