@@ -34,6 +34,8 @@ def test_binomial_cdf():
     assert sg.binomial_cdf(0, 10, 0.5) == pytest.approx(0.5 ** 10)
     assert sg.binomial_cdf(10, 10, 0.3) == pytest.approx(1.0)
     assert sg.binomial_cdf(1, 3, 0.2) == pytest.approx(0.8 ** 3 + 3 * 0.2 * 0.8 ** 2)
+    assert sg.binomial_cdf(4, 3, 0.2) == 1.0  # more failures than trials: certain, not a math domain error
+    assert sg.sequence_start([(0.5, True)], 1, 0.08, 0.1, [0.0, 0.5]) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("beta", [0.08, 0.05])

@@ -136,7 +136,7 @@ def recover(a_hat: torch.Tensor, gram: torch.Tensor, q: float, shape: str, ancho
 
 def binomial_cdf(failures: int, trials: int, p: float) -> float:
     """P(Binomial(trials, p) <= failures)."""
-    if trials == 0:
+    if trials == 0 or failures >= trials:  # (the ordering split's margin can ask for one more than trials)
         return 1.0
     total = 0.0
     log_p, log_q = math.log(p), math.log1p(-p)
