@@ -48,6 +48,9 @@ def test_after_calibration_it_gates_and_logs_the_seeds_diagnostics():
     assert 0.0 <= metrics["setgrpo/coverage"] <= 1.0 and math.isfinite(metrics["setgrpo/quantile"])
     accepted = [m["setgrpo/accepted_ratio"] for _, m in outputs if m["setgrpo/calibrated"]]
     assert any(a > 0 for a in accepted)
+    # only groups with a finite gate statistic can be accepted
+    assert all(m["setgrpo/gateable_ratio"] >= m["setgrpo/accepted_ratio"] for _, m in outputs if m["setgrpo/calibrated"])
+    assert all(m["setgrpo/risk_gateable"] <= m["setgrpo/risk_window"] for _, m in outputs if m["setgrpo/calibrated"])
 
 
 @pytest.mark.parametrize("a,b", [(0.5, -1.0), (1.0, 0.0), (2.0, 1.0), (3.0, -2.0)])
@@ -115,3 +118,27 @@ def test_setgrpo_trains_a_tiny_policy_with_a_noisy_grader(tmp_path):
     assert all(r["setgrpo/heldback_groups"] == 3.0 for r in records)
     assert all(r["setgrpo/jacobian_s"] >= 0 and r["setgrpo/recovery_s"] >= 0 for r in records)
     assert all(0 < r["update/kept_frac"] <= 0.5 for r in records if not r["update_skipped"])
+
+
+def test_reference_draws_ask_the_grader_for_more_and_average_them():
+    rule = build_rule("coefficients", {**FAST, "reference_draws": 3})
+    assert rule.grader_draws == 5 and UpdateSeams(coefficients=rule).grader_draws == 5
+    three = make_input(noisy_groups(np.random.default_rng(0), 8, flip=0.05))
+    with pytest.raises(ValueError, match="5 grader draws"):
+        rule.coefficients(three)
+    scores = torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0, 0.0]])
+    fresh = rule.fresh(scores, torch.arange(3))
+    expected = torch.tensor([2 / 3, 1 / 3, 2 / 3], dtype=torch.float64)
+    assert torch.allclose(fresh, (expected - expected.mean()) / (expected.std() + 1e-6))
+
+
+def test_the_gate_statistic_rejects_a_zero_update_and_keeps_a_boundary_recovery():
+    rule = build_rule("coefficients", {**FAST, "geometry": "identity"})
+    a_hat = torch.tensor([1.5, -0.5, -0.5, -0.5], dtype=torch.float64)
+    identity = torch.eye(4, dtype=torch.float64)
+    rec, rho = rule.gate_statistic(a_hat, identity, 5.0)  # the set holds the origin: the anchor is 0
+    assert float(rec.coefficients.abs().sum()) == 0 and rho == -math.inf
+    rec, rho = rule.gate_statistic(a_hat, identity, 1.2)  # eta* < 1: worst projection 0 at the boundary
+    assert 0 < rec.eta < 1 and rho == 0.0  # direction-preserving (f >= 0), so a record the gate can accept
+    singular = torch.zeros(4, 4, dtype=torch.float64)  # no geometry at all: no scale for rho
+    assert build_rule("coefficients", FAST).gate_statistic(a_hat, singular, 0.8)[1] == -math.inf

@@ -10,7 +10,8 @@ A checkpoint directory holds
     optimizer.safetensors      every optimizer state tensor, keyed "state.<param>.<name>"
     rng.safetensors            torch CPU (and CUDA) generator states as uint8 tensors
     trainer_state.json         step, rollout count, optimizer param groups and scalar state,
-                               policy.state_dict(), python `random` and numpy rng states
+                               policy.state_dict(), python `random` and numpy rng states, and
+                               the update rules' state (SetGRPO's calibration windows)
 It is written to a temporary sibling and renamed, so a crash never leaves half a checkpoint.
 Resuming restores all of it, so k steps + resume + (N - k) steps equals N straight steps.
 """
@@ -73,6 +74,7 @@ def save_checkpoint(trainer: GRPOTrainer, directory: Path, extra: dict[str, Any]
         "policy_name": trainer.policy.name,
         "policy_state": trainer.policy.state_dict(),
         "policy_rng": trainer.policy.rng.bit_generator.state,
+        "update_rules": trainer.update_seams.state_dict(),
         "python_random": [python_state[0], list(python_state[1]), python_state[2]],
         "optimizer": opt_json,
         "extra": extra or {},
@@ -98,6 +100,12 @@ def load_checkpoint(trainer: GRPOTrainer, directory: Path) -> dict[str, Any]:
             f"checkpoint {directory} was written by data policy {state['policy_name']!r}, "
             f"this run uses {trainer.policy.name!r}"
         )
+    rules_state = state.get("update_rules")  # absent from older checkpoints: the rules start afresh
+    if rules_state is not None:
+        try:
+            trainer.update_seams.check_state(rules_state)
+        except ValueError as error:
+            raise CheckpointError(f"checkpoint {directory}: {error}") from None
     lora = is_lora_model(trainer.model)
     if lora != (directory / ADAPTER_DIR).is_dir():
         raise CheckpointError(
@@ -122,6 +130,8 @@ def load_checkpoint(trainer: GRPOTrainer, directory: Path) -> dict[str, Any]:
     trainer.optimizer.load_state_dict(_join_optimizer_state(opt_tensors, state["optimizer"]))
     trainer.policy.load_state_dict(state["policy_state"])
     trainer.policy.rng.bit_generator.state = state["policy_rng"]
+    if rules_state is not None:
+        trainer.update_seams.load_state_dict(rules_state)
     version, internal, gauss = state["python_random"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(rng["torch_cpu"])

@@ -15,9 +15,11 @@ group update u(a) = J^T a has <u(a), u(c)> = a^T G c.
                    = a(eta)^T G a_hat - q ||G a(eta)||_*  (dual norm: l1 for the box, l2 for the
                    sphere); f is concave, so {f >= 0} is an interval and bisection finds its end.
 (c) risk gate      accept when rho = f(eta*) / (||a(eta*)||_G ||a_hat||_G) >= tau_sel and the
-                   reward-space projection (G = I) is > 0; tau_sel is the loosest threshold of a
-                   grid that binomial tests (Bonferroni over the grid) certify with conditional
-                   direction-reversal risk <= beta, simultaneously, at confidence 1 - delta.
+                   reward-space projection (G = I) is > 0; tau_sel comes from fixed-sequence
+                   testing (Learn-then-Test): binomial tests of "conditional direction-reversal
+                   risk > beta" down the grid from its most conservative threshold, each at the
+                   full level delta, stopping at the first one not rejected (family-wise error
+                   <= delta with no multiplicity cost).
 
 Every quantity is invariant under s -> a s + b (a > 0): a(s) is, so q, a0, eta*, rho are.
 """
@@ -134,7 +136,7 @@ def recover(a_hat: torch.Tensor, gram: torch.Tensor, q: float, shape: str, ancho
 
 def binomial_cdf(failures: int, trials: int, p: float) -> float:
     """P(Binomial(trials, p) <= failures)."""
-    if trials == 0:
+    if trials == 0 or failures >= trials:  # (the ordering split's margin can ask for one more than trials)
         return 1.0
     total = 0.0
     log_p, log_q = math.log(p), math.log1p(-p)
@@ -155,18 +157,52 @@ class Threshold:
         return self.reversals / self.accepted if self.accepted else math.nan
 
 
+def certificate_size(beta: float, delta: float) -> int:
+    """The fewest accepted calibration groups that can certify a threshold: with 0 reversals the
+    binomial p-value is (1 - beta)^N, <= delta iff N >= log(delta) / log(1 - beta)."""
+    return math.ceil(math.log(delta) / math.log1p(-beta) - 1e-12)
+
+
+def sequence_start(order: Sequence[tuple[float, bool]], test_size: int, beta: float, delta: float,
+                   grid: Sequence[float]) -> float:
+    """Where the fixed sequence begins, chosen on an ordering split independent of the test
+    records (Pareto testing, Laufer-Goldshtein et al. 2023: choose on one split, test on the
+    other): the tau of the grid whose binomial p-value the ordering split's own records
+    (rho, reversed) predict smallest, scaled to `test_size` records and with one reversal more
+    (a margin for the test split's chance); ties go to the more conservative tau. Starting higher
+    would meet a threshold that holds too few test records, which cannot be rejected and would
+    stop the sequence before the promising ones are tested. The lowest tau without records."""
+    ordered = sorted(grid, reverse=True)
+    best, best_p = float(ordered[-1]), math.inf
+    if order and test_size:
+        ratio = test_size / len(order)
+        for tau in ordered:
+            accepted = [rev for rho, rev in order if rho >= tau]
+            n = round(len(accepted) * ratio)
+            p = binomial_cdf(round(sum(accepted) * ratio) + 1, n, beta) if n else 1.0
+            if p < best_p:
+                best, best_p = float(tau), p
+    return best
+
+
 def select_threshold(records: Sequence[tuple[float, bool]], beta: float, delta: float,
-                     grid: Sequence[float]) -> Threshold:
+                     grid: Sequence[float], start: float = math.inf) -> Threshold:
     """(c): records are (rho, reversed) of risk-calibration groups. For each candidate tau, H_tau:
     "the reversal risk of groups with rho >= tau is > beta", rejected when the binomial p-value
-    P(Bin(N_tau, beta) <= F_tau) <= delta / |grid| (Bonferroni: with probability >= 1 - delta
-    every certified threshold is right at once, whatever the order). tau_sel is the loosest
-    certified threshold; inf when none is (nothing is accepted)."""
-    level = delta / max(len(grid), 1)
+    P(Bin(N_tau, beta) <= F_tau) <= delta. Fixed-sequence testing (Learn-then-Test, Angelopoulos
+    et al. 2021): the hypotheses are tested in an order fixed before the records are seen, from
+    the most conservative threshold (the grid's largest tau <= `start`) down, each at the full
+    level delta, and testing stops at the first one not rejected. A false certificate needs the
+    first true null met to be rejected, which happens with probability <= delta, so with
+    probability >= 1 - delta every certified threshold is right (family-wise error <= delta, no
+    Bonferroni split). tau_sel is the last certified threshold (the loosest); inf when the first
+    is not certified (nothing is accepted). `start` must not depend on the records' reversals
+    (see `sequence_start`)."""
     chosen = Threshold(math.inf, 0, 0)
-    for tau in sorted(grid, reverse=True):
+    for tau in sorted((t for t in grid if t <= start), reverse=True):
         accepted = [rev for rho, rev in records if rho >= tau]
         n, f = len(accepted), sum(accepted)
-        if n and binomial_cdf(f, n, beta) <= level:
-            chosen = Threshold(float(tau), n, f)
+        if not n or binomial_cdf(f, n, beta) > delta:
+            break
+        chosen = Threshold(float(tau), n, f)
     return chosen

@@ -140,6 +140,13 @@ class UpdateRule(ABC):
     def __init__(self, options: UpdateRuleOptions):
         self.options = options
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the rule carries across steps, JSON-able, for the run's checkpoint ({}: stateless)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output on resume (a stateless rule has nothing to restore)."""
+
 
 class SelectionRule(UpdateRule):
     """m_gk: which responses enter the update."""
@@ -295,6 +302,30 @@ class UpdateSeams:
             raise ValueError(f"coefficient module {self.coefficients.name!r} returned advantages "
                              f"{tuple(out.advantages.shape)} and keep {tuple(out.keep.shape)}; expected ({inputs.size},)")
         return replace(inputs, advantages=out.advantages.to(inputs.advantages.dtype), keep=out.keep & inputs.keep)
+
+    def rules(self) -> dict[str, UpdateRule]:
+        """The stages that have a rule, by their `[grpo]` key."""
+        stages = {"selection": self.selection, "reweighting": self.reweighting, "coefficients": self.coefficients}
+        return {stage: rule for stage, rule in stages.items() if rule is not None}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each rule's state by stage, with its name (the checkpoint's `update_rules`)."""
+        return {stage: {"name": rule.name, "state": rule.state_dict()} for stage, rule in self.rules().items()}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """ValueError unless `state` holds one entry per stage of this run, for the same rule (the
+        state of one rule means nothing to another)."""
+        saved = {stage: entry.get("name") if isinstance(entry, Mapping) else None for stage, entry in state.items()}
+        mine = {stage: rule.name for stage, rule in self.rules().items()}
+        if saved != mine:
+            raise ValueError(f"the checkpoint's update rules {saved} differ from this run's {mine} "
+                             "(grpo.selection, grpo.reweighting, grpo.coefficients)")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output (checked first: nothing is loaded unless every stage matches)."""
+        self.check_state(state)
+        for stage, rule in self.rules().items():
+            rule.load_state_dict(state[stage]["state"])
 
     def metrics(self) -> dict[str, float]:
         """The coefficient module's diagnostics and timings of the last step ({} without one)."""
