@@ -89,13 +89,18 @@ def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int =
     return out
 
 
-def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int) -> dict:
-    config = run.with_suffix(".toml")
+def _simulation_config(defaults: str) -> str:
+    """simulate's defaults with ROOT's tiny-policy cache (one policy for both trees, built once,
+    keyed by its inputs) and no periodic evaluation."""
     text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}",
-                  defaults)  # one tiny policy for both trees (built once, keyed by its inputs)
-    text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
-    if policy_line:
-        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\n{policy_line}", text)
+                  defaults)
+    return re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
+
+
+def _run_simulate(tree: Path, run: Path, text: str, steps: int, seed: int) -> tuple[list[dict], dict, float]:
+    """One `trainer-node simulate --method l2rr` of the tree with config `text`: its step records,
+    its summary and its process wall time."""
+    config = run.with_suffix(".toml")
     config.write_text(text)
     command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
                "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
@@ -103,8 +108,14 @@ def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps
     subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
     wall = time.perf_counter() - started
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps_ = [r for r in records if "step_seconds" in r]
-    summary = json.loads((run / "summary.json").read_text())
+    return [r for r in records if "step_seconds" in r], json.loads((run / "summary.json").read_text()), wall
+
+
+def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int) -> dict:
+    text = _simulation_config(defaults)
+    if policy_line:
+        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\n{policy_line}", text)
+    steps_, summary, wall = _run_simulate(tree, run, text, steps, seed)
     phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
               if k.startswith("time/") and k.endswith("_s")}
     weights = sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors"))
@@ -196,21 +207,11 @@ def measure_lora_run(tree: Path, work: Path, steps: int, seed: int) -> dict:
     """`trainer-node simulate` (L2RR, default testbed and cadence) training a [model.lora] adapter
     (r = LORA_RANK on LORA_TARGETS): the bytes its queries sent (the client's upload accounting,
     metrics.jsonl's feedback_query_uploaded_bytes) against one full checkpoint of the tiny policy."""
-    run, config = work / "simulate-lora", work / "simulate-lora.toml"
-    text = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
-    text = re.sub(r"(?m)^cache_dir = .*$", f"cache_dir = {json.dumps(str(ROOT / '.cache' / 'tiny_policies'))}", text)
-    text = re.sub(r"(?m)^eval_every = .*$", "eval_every = 0", text)
+    text = _simulation_config((tree / "lab" / "configs" / "simulate_default.toml").read_text())
     text += (f"\n[model.lora]\nr = {LORA_RANK}\nalpha = {2 * LORA_RANK}\n"
              f"target_modules = {json.dumps(list(LORA_TARGETS))}\n")
-    config.write_text(text)
-    command = [PYTHON, "-m", "trainer_node.cli", "simulate", "--method", "l2rr", "--seed", str(seed),
-               "--steps", str(steps), "--out", str(run), "--config", str(config), "--no-progress"]
-    started = time.perf_counter()
-    subprocess.run(command, cwd=tree, env=_env(tree), check=True, capture_output=True)
-    wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    last = [r for r in records if "step_seconds" in r][-1]
-    summary = json.loads((run / "summary.json").read_text())
+    step_records, summary, wall = _run_simulate(tree, work / "simulate-lora", text, steps, seed)
+    last = step_records[-1]
     return {"steps": summary.get("steps"), "queries": summary.get("feedback_queries"),
             "failures": summary.get("feedback_failures"), "candidates": summary.get("feedback_candidates"),
             "query_bytes": last.get("feedback_query_uploaded_bytes"),

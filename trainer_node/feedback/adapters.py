@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from protocol.adapter_rules import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from trainer_node.feedback.candidates import WrittenCheckpoint, link_file, store_blob
+from trainer_node.feedback.candidates import WrittenCheckpoint, fresh_folders, link_file, store_blob
 
 ADAPTER_METADATA = {"format": "pt"}  # what PEFT's save_pretrained writes
 
@@ -62,12 +62,7 @@ class AdapterCandidateWriter:
 
         self.model = model
         self.workdir = Path(workdir)
-        self.blobs = self.workdir / "blobs"
-        self.static = self.workdir / "static"
-        for folder in (self.blobs, self.static):
-            if folder.exists():
-                shutil.rmtree(folder)
-        self.blobs.mkdir(parents=True)
+        self.blobs, self.static = fresh_folders(self.workdir)
         base, state = base_model_and_state(model)
         save_policy(base, tokenizer, self.static, state_dict=state)  # the base, once per run
         (self.static / ADAPTER_CONFIG_FILE).write_bytes(adapter_config_bytes(lora_settings_of(model)))

@@ -64,18 +64,23 @@ def candidate_writer(model: torch.nn.Module, tokenizer: Any, workdir: Path) -> A
     return CandidateWriter(model, tokenizer, workdir)
 
 
+def fresh_folders(workdir: Path) -> tuple[Path, Path]:
+    """Empty `blobs/` and `static/` under `workdir` (a writer never reuses an earlier run's files)."""
+    blobs, static = workdir / "blobs", workdir / "static"
+    for folder in (blobs, static):
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    return blobs, static
+
+
 class CandidateWriter:
     """Writes parameter sets of one model as per-tensor-shard checkpoints (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, workdir: Path):
         self.model = model
         self.workdir = Path(workdir)
-        self.blobs = self.workdir / "blobs"
-        self.static = self.workdir / "static"
-        for folder in (self.blobs, self.static):
-            if folder.exists():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
+        self.blobs, self.static = fresh_folders(self.workdir)
         self.tensor_names, self.dtypes = self._write_static(model, tokenizer)
         live = self._live_tensors()
         self.total_size = sum(live[n].numel() * _element_size(self.dtypes[n]) for n in self.tensor_names)
