@@ -22,6 +22,8 @@ def spec_with(**changes):
     ({"seeds": [1, 1]}, "seeds"),
     ({"seeds": []}, "seeds"),
     ({"steps": 0}, "steps"),
+    ({"methods": [{"label": "uniform", "policy": "uniform", "epsilon": 0}]}, "methods[0].epsilon"),
+    ({"methods": [{"label": "uniform", "policy": "uniform", "no_dp": "yes please"}]}, "methods[0].no_dp"),
     ({"testbeds": ["no-such-testbed"]}, "testbeds"),
     ({"workers": 0}, "workers"),
     ({"config": {"run": {"seed": 3}}}, "config"),
