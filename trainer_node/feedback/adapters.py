@@ -28,7 +28,13 @@ from typing import Any
 import torch
 
 from protocol.adapter_rules import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from trainer_node.feedback.candidates import WrittenCheckpoint, fresh_folders, link_file, store_blob
+from trainer_node.feedback.candidates import (
+    WrittenCheckpoint,
+    fresh_folders,
+    link_file,
+    start_checkpoint,
+    store_blob,
+)
 
 ADAPTER_METADATA = {"format": "pt"}  # what PEFT's save_pretrained writes
 
@@ -74,14 +80,8 @@ class AdapterCandidateWriter:
     def write(self, state: Mapping[str, torch.Tensor], label: str) -> WrittenCheckpoint:
         """A checkpoint folder `label`: the base files (links) and the adapter of `state`."""
         out = self.workdir / label
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        digests: dict[str, str] = {}
-        sizes: dict[str, int] = {}
-        for name, (digest, size) in self._static_files.items():
-            link_file(self.static / name, out / name)
-            digests[name], sizes[name] = digest, size
+        digests, sizes = start_checkpoint(out, (
+            (name, self.static / name, digest, size) for name, (digest, size) in self._static_files.items()))
         digest, size = store_blob(self.blobs, adapter_bytes(self.model, state))
         link_file(self.blobs / digest, out / ADAPTER_WEIGHTS_FILE)
         digests[ADAPTER_WEIGHTS_FILE], sizes[ADAPTER_WEIGHTS_FILE] = digest, size

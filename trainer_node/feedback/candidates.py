@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,15 +141,9 @@ class CandidateWriter:
         if missing:
             raise ValueError(f"the parameter set lacks {len(missing)} tensors of the model, e.g. {missing[0]!r}")
         out = self.workdir / label
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        digests: dict[str, str] = {}
-        sizes: dict[str, int] = {}
-        for name, (digest, size) in self._static_files.items():
-            source = self.blobs / digest if name == INDEX_FILE else self.static / name
-            link_file(source, out / name)
-            digests[name], sizes[name] = digest, size
+        digests, sizes = start_checkpoint(out, (
+            (name, self.blobs / digest if name == INDEX_FILE else self.static / name, digest, size)
+            for name, (digest, size) in self._static_files.items()))
         live = self._live_tensors()
         total = len(self.tensor_names)
         for position, name in enumerate(self.tensor_names):
@@ -191,6 +185,20 @@ class CandidateWriter:
         for blob in self.blobs.iterdir():
             if blob.name not in protected:
                 blob.unlink(missing_ok=True)
+
+
+def start_checkpoint(out: Path, files: Iterable[tuple[str, Path, str, int]]) -> tuple[dict[str, str], dict[str, int]]:
+    """A fresh folder `out` holding links to `files` (name, source, sha256, size); returns the
+    digests and sizes by name, which the writer completes with the checkpoint's own weights."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    digests: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for name, source, digest, size in files:
+        link_file(source, out / name)
+        digests[name], sizes[name] = digest, size
+    return digests, sizes
 
 
 def store_blob(blobs: Path, data: bytes) -> tuple[str, int]:
