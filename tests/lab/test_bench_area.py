@@ -89,3 +89,33 @@ def test_a_run_with_one_evaluation_has_no_area_and_the_report_says_so(bench):
     assert l2rr["delta_vs_control"]["seeds"] == [0, 1, 2]  # accuracy still pairs every seed
     report = render_report(results)
     assert "No area (fewer than 2 target-test evaluations): l2rr seeds [1]" in report
+
+
+def _results(curves):
+    """A results.json-like dict: per method, per seed (step, rollouts, accuracy) evaluations."""
+    return {"testbeds": {"tb": {"methods": {label: {
+        "per_seed": {str(s): {"balanced": c[-1][2], "start": "a" * 64} for s, c in seeds.items()},
+        "per_seed_curves": {str(s): [list(p) for p in c] for s, c in seeds.items()}}
+        for label, seeds in curves.items()}}}}
+
+
+def test_metric_noise_pairs_each_metric_and_leaves_out_the_shared_start_and_the_final_step():
+    from lab.bench.metric_noise import noise_rows, paired_seeds, table
+
+    results = _results({
+        "uniform": {s: [(0, 0, 0.4), (2, 100, 0.5), (4, 200, 0.6)] for s in range(3)},
+        # +0.1 at the midpoint on every seed, +0.00 / +0.02 / +0.04 at the end
+        "oracle": {s: [(0, 0, 0.4), (2, 100, 0.6), (4, 200, 0.6 + 0.02 * s)] for s in range(3)},
+    })
+    tb = results["testbeds"]["tb"]
+    assert paired_seeds(tb, "oracle", "uniform") == [0, 1, 2]
+    rows = {r["metric"]: r for r in noise_rows(tb, "oracle", "uniform", [0, 1, 2])}
+    assert rows["final"]["mean"] == pytest.approx(0.02) and rows["final"]["sd"] == pytest.approx(0.02)
+    assert rows["step2"]["sd"] == pytest.approx(0.0) and rows["step2"]["mean"] == pytest.approx(0.1)
+    # area difference = d_mid / 2 + d_end / 4 on two equal segments from a shared start
+    assert rows["area"]["diffs"] == pytest.approx([0.05, 0.055, 0.06])
+    assert rows["area"]["snr"] == pytest.approx(0.055 / 0.005)
+    lines = table(results, ["oracle:uniform"])
+    assert [line.split(" | ")[1] for line in lines[3:]] == ["final", "step2", "area"]  # no step0, no step4
+    with pytest.raises(SystemExit, match="no method 'dapo'"):
+        table(results, ["dapo:uniform"])
