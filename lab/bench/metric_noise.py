@@ -11,7 +11,8 @@ file, whatever its control). The last evaluation is the final checkpoint unless 
 another, so its step row is left out when it equals `final`. For each metric: the
 mean paired difference d, sd(d), the paired-t 95% half-width t * sd(d) / sqrt(n), and the
 signal-to-noise ratio mean(d) / sd(d); at n seeds the t interval excludes 0 exactly when
-|SNR| > t_{0.975, n-1} / sqrt(n) (0.635 at 12 seeds).
+|SNR| > t_{0.975, n-1} / sqrt(n) (0.635 at 12 seeds). The last column: a percentile bootstrap
+interval (seeds resampled jointly, seeded) of how much higher a metric's SNR is than final accuracy's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import argparse
 import json
 import math
 from pathlib import Path
+
+import numpy as np
 
 from lab.bench import stats
 from lab.bench.results import same_start
@@ -54,10 +57,33 @@ def noise_rows(testbed: dict, method: str, control: str, seeds: list[int]) -> li
         _, diffs = stats.paired_differences({s: mine[s][name] for s in kept}, {s: theirs[s][name] for s in kept})
         ci = stats.t_interval(diffs)
         mean, sd = stats.mean_sd(diffs)
-        rows.append({"metric": name, "n": len(kept), "mean": mean, "sd": sd, "diffs": diffs.tolist(),
+        rows.append({"metric": name, "n": len(kept), "mean": mean, "sd": sd, "diffs": diffs.tolist(), "seeds": kept,
                      "half_width": (ci.high - ci.mean) if math.isfinite(ci.high) else math.nan,
                      "snr": mean / sd if sd > 0 else math.nan, "excludes_zero": ci.excludes_zero})
     return rows
+
+
+def snr_gain_interval(row: dict, final: dict, resamples: int = 10_000, seed: int = 0,
+                      confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of SNR(row) - SNR(final) over the seeds both have, resampling
+    seeds jointly (the two metrics of one seed are strongly correlated, so their SNRs are too)."""
+    common = [s for s in row["seeds"] if s in final["seeds"]]
+    a = np.array([row["diffs"][row["seeds"].index(s)] for s in common])
+    b = np.array([final["diffs"][final["seeds"].index(s)] for s in common])
+    if len(common) < 3:
+        return math.nan, math.nan
+    index = np.random.default_rng(seed).integers(0, len(common), size=(resamples, len(common)))
+
+    def snr(values: np.ndarray) -> np.ndarray:
+        sd = values.std(axis=1, ddof=1)
+        return np.where(sd > 0, values.mean(axis=1) / np.where(sd > 0, sd, 1.0), np.nan)
+
+    gains = snr(a[index]) - snr(b[index])
+    if np.isnan(gains).all():  # a metric with no spread on any resample: no SNR to compare
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2
+    low, high = np.nanquantile(gains, [alpha, 1 - alpha])
+    return float(low), float(high)
 
 
 def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[str]:
@@ -66,21 +92,23 @@ def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[s
     key = testbed or next(iter(results["testbeds"]))
     tb = results["testbeds"][key]
     lines = [f"testbed {key}",
-             "| Comparison | Metric | n | mean d (pp) | sd(d) (pp) | 95% half-width (pp) | SNR mean/sd | CI excludes 0 |",
-             "|---|---|---|---|---|---|---|---|"]
+             ("| Comparison | Metric | n | mean d (pp) | sd(d) (pp) | 95% half-width (pp) | SNR mean/sd | "
+              "CI excludes 0 | SNR − final's SNR, bootstrap 95% |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for pair in pairs:
         method, _, control = pair.partition(":")
         for label in (method, control):
             if label not in tb["methods"]:
                 raise SystemExit(f"--pair {pair}: no method {label!r}; methods: {', '.join(tb['methods'])}")
         rows = noise_rows(tb, method, control, paired_seeds(tb, method, control))
-        final = next((row["diffs"] for row in rows if row["metric"] == "final"), None)
+        final = next((row for row in rows if row["metric"] == "final"), None)
         for row in rows:
-            if row["metric"].startswith("step") and (row["diffs"] == final or not any(row["diffs"])):
+            if row["metric"].startswith("step") and (row["diffs"] == final["diffs"] or not any(row["diffs"])):
                 continue
+            gain = "—" if row is final else "[{:+.2f}, {:+.2f}]".format(*snr_gain_interval(row, final))
             lines.append(f"| {method} − {control} | {row['metric']} | {row['n']} | {100 * row['mean']:+.2f} | "
                          f"{100 * row['sd']:.2f} | {100 * row['half_width']:.2f} | {row['snr']:+.2f} | "
-                         f"{'yes' if row['excludes_zero'] else 'no'} |")
+                         f"{'yes' if row['excludes_zero'] else 'no'} | {gain} |")
     return lines
 
 
