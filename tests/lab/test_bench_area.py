@@ -119,3 +119,16 @@ def test_metric_noise_pairs_each_metric_and_leaves_out_the_shared_start_and_the_
     assert [line.split(" | ")[1] for line in lines[3:]] == ["final", "step2", "area"]  # no step0, no step4
     with pytest.raises(SystemExit, match="no method 'dapo'"):
         table(results, ["dapo:uniform"])
+
+
+def test_the_snr_gain_interval_is_zero_for_a_rescaled_metric_and_positive_for_a_quieter_one():
+    from lab.bench.metric_noise import snr_gain_interval
+
+    seeds = list(range(12))
+    noisy = [0.02 + (0.04 if s % 2 else -0.04) for s in seeds]
+    final = {"seeds": seeds, "diffs": noisy}
+    half = {"seeds": seeds, "diffs": [d / 2 for d in noisy]}  # 2 evaluations: d_area = d_final / 2
+    assert snr_gain_interval(half, final) == pytest.approx((0.0, 0.0), abs=1e-9)
+    quiet = {"seeds": seeds, "diffs": [0.02 + (0.01 if s % 2 else -0.01) for s in seeds]}
+    low, high = snr_gain_interval(quiet, final)
+    assert 0 < low < high
