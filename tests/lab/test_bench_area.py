@@ -132,3 +132,12 @@ def test_the_snr_gain_interval_is_zero_for_a_rescaled_metric_and_positive_for_a_
     quiet = {"seeds": seeds, "diffs": [0.02 + (0.01 if s % 2 else -0.01) for s in seeds]}
     low, high = snr_gain_interval(quiet, final)
     assert 0 < low < high
+
+
+def test_the_snr_gain_is_signed_by_the_direction_of_the_effect():
+    from lab.bench.metric_noise import snr_gain_interval
+
+    seeds = list(range(12))
+    final = {"seeds": seeds, "diffs": [-0.02 + (0.04 if s % 2 else -0.04) for s in seeds]}  # a loss, noisy
+    quiet = {"seeds": seeds, "diffs": [-0.02 + (0.01 if s % 2 else -0.01) for s in seeds]}
+    assert snr_gain_interval(quiet, final)[0] > 0  # further from 0 on the side of the loss: a gain
