@@ -12,7 +12,8 @@ Seeds are matched: seed s gives every method the same initial policy and the sam
 order, so differences are paired over seeds.
 
 Modules: spec (what to run), runner (subprocesses, records, resume), stats (pure statistics),
-results (records -> results.json), report (report.md), plots (PNGs), cli (the subcommand).
+results (records -> results.json), report (report.md), plots (PNGs), cli (the subcommand),
+metric_noise (from a results.json: which metric's paired differences see through seed noise).
 
 Output (OUT defaults to bench_runs/<spec name>):
     OUT/configs/<id>.toml, OUT/runs/<testbed>/<label>/seed<s>/, OUT/records/<id>.json,

@@ -218,6 +218,48 @@ def _owner_section(tb: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _has_seeds(delta: dict[str, Any] | None) -> bool:
+    return bool(delta and delta["seeds"])
+
+
+def _delta_sd_cells(entry: dict[str, Any], delta: dict[str, Any] | None, control: str) -> list[str]:
+    """Mean paired difference, sd of the per-seed differences, paired t interval."""
+    if entry["label"] == control:
+        return ["(control)", "—", "—"]
+    if not _has_seeds(delta):
+        return ["n/a", "n/a", "n/a"]
+    return [signed_pp(delta["mean"]), pct(delta.get("sd"), 2), interval(delta["t"])]
+
+
+def _area_section(tb: dict[str, Any], control: str) -> list[str]:
+    """The secondary metric next to accuracy: each run's normalised area under its own
+    accuracy-vs-rollouts curve (stats.normalised_area), mean ± sd, and paired against the control
+    like accuracy (same seeds, same starting checkpoint). sd(d) is the sd of the paired per-seed
+    differences: the seed noise each metric leaves. Runs with fewer than 2 evaluations have no area."""
+    methods = list(tb["methods"].values())
+    if not methods:
+        return []
+    lines = ["", "### Secondary metric: area under the accuracy-vs-rollouts curve", "",
+             ("**Area**: the trapezoid area under a run's own target-test accuracy vs cumulative rollouts "
+              "(its evaluations at step 0, every `eval_every` steps and the final step), divided by the "
+              "rollout span: its mean accuracy over the rollouts spent, in %. Paired like accuracy; sd(d) is "
+              "the sd of the paired per-seed differences (pp). With few evaluations the area is coarse."), "",
+             (f"| Method | Bal. avg | Δ vs {control} (pp) | sd(d) | 95% CI (t) | Area | Δ area (pp) | sd(d) | "
+              "95% CI (t) | 95% CI (boot) | Seeds with area |"), "|" + "---|" * 11]
+    for m in methods:
+        accuracy, area = m.get("delta_vs_control"), m.get("delta_area_vs_control")
+        boot = "—" if m["label"] == control else (interval(area["bootstrap"]) if _has_seeds(area) else "n/a")
+        cells = [m["label"], pct_pm(m["balanced"]), *_delta_sd_cells(m, accuracy, control),
+                 pct_pm(m["area"]), *_delta_sd_cells(m, area, control), boot,
+                 f"{m['area']['n']}/{len(m['seeds_ok'])}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    missing = {m["label"]: m["seeds_without_area"] for m in methods if m.get("seeds_without_area")}
+    if missing:
+        lines += ["", "No area (fewer than 2 target-test evaluations): "
+                  + "; ".join(f"{label} seeds {seeds}" for label, seeds in missing.items())]
+    return lines
+
+
 def _base_rate_section(tb: dict[str, Any], control: str) -> list[str]:
     """Is a gain in the skill or in the answer base rate? (lab/base_rates.py) The accuracy of always
     giving the commonest answer, and each method's accuracy on the prompts whose answer is not
@@ -279,6 +321,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
                    "estimator, checkpoint selection by target feedback); not deployable rows of Table 1."), "",
                   *_table_header(domains, control)]
         lines += [_table_row(m, domains, control, columns=columns) for m in diagnostics]
+    lines += _area_section(tb, control)
     lines += _base_rate_section(tb, control)
     sweep = sorted((m for m in tb["methods"].values() if m["sweep_point"] and m["lambda"] is not None),
                    key=lambda m: m["lambda"])

@@ -6,7 +6,8 @@ mean over target domains) of the final checkpoint; the overall accuracy is kept 
 Per method and testbed: per-seed values, mean +- sd per domain (and per family), # rollouts,
 RO ratio, the paired difference to the control with both intervals (and to the family control,
 e.g. mixtures against `static`), rollouts needed to reach the control's final accuracy, the mean
-accuracy-vs-rollouts curve, and (L2RR methods) the mean sampling share and waste per cluster.
+accuracy-vs-rollouts curve, the secondary metric `area` (stats.normalised_area of each run's
+own curve, paired like accuracy), and (L2RR methods) the mean sampling share and waste per cluster.
 Per testbed, DataFlex-RL's evaluation-sensitivity check: every summary (domain-balanced, the
 macro average over benchmarks, each summary the testbed declares), its method spread, and the
 Spearman correlation of the main methods' ranking under it with the domain-balanced ranking.
@@ -258,6 +259,7 @@ def _paired(spec: BenchSpec, method: dict[int, float], control: dict[int, float]
     boot = stats.bootstrap_interval(diffs, spec.confidence, spec.bootstrap_resamples, spec.bootstrap_seed)
     return {
         "seeds": seeds, "diffs": diffs.tolist(), "mean": _finite(t.mean), "t": t.to_json(), "bootstrap": boot.to_json(),
+        "sd": _finite(stats.mean_sd(diffs)[1]),  # the seed noise left after pairing
         # "yes" only when both intervals exclude 0; with few seeds the bootstrap is the looser one.
         "excludes_zero": bool(t.excludes_zero and boot.excludes_zero),
     }
@@ -291,6 +293,13 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
     for record in ok:
         if record["label"] in per_method:
             per_method[record["label"]][int(record["seed"])] = per_seed_values(record["summary"], design)
+    metrics_by_method = {m.label: {s: read_metrics(runs_dir / m.label / f"seed{s}") for s in sorted(per_method[m.label])}
+                         for m in spec.methods}
+    curves_by_method = {label: {s: eval_curve(m, design.families) for s, m in metrics.items()}
+                        for label, metrics in metrics_by_method.items()}
+    for label, seeds in per_method.items():  # every method's areas first: a method pairs with the control's
+        for s, v in seeds.items():
+            v["area"] = stats.normalised_area([(r, a) for _, r, a in curves_by_method[label][s]])
     control = per_method[spec.control]
     control_final = stats.mean_sd([v["balanced"] for v in control.values()])[0] if control else math.nan
     domains = sorted({d for seeds in per_method.values() for v in seeds.values() for d in v["domains"]})
@@ -298,9 +307,9 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
     methods = {}
     for method in spec.methods:
         seeds = per_method[method.label]
-        metrics = {s: read_metrics(runs_dir / method.label / f"seed{s}") for s in sorted(seeds)}
+        metrics = metrics_by_method[method.label]
         policy = resolved_policy(method, [runs_dir / method.label / f"seed{s}" for s in sorted(seeds)])
-        curves = {s: eval_curve(m, design.families) for s, m in metrics.items()}
+        curves = curves_by_method[method.label]
         entry: dict[str, Any] = {
             "label": method.label, "policy": method.policy, "group": method.group, "options": method.options,
             "selection": method.selection, "reweighting": method.reweighting, "family": method.family(),
@@ -317,6 +326,8 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
                                        if math.isfinite(v["summaries"].get(name, math.nan))])
                           for name in design.names()},
             "rollouts": _stat([v["rollouts"] for v in seeds.values()]),
+            "area": _stat(list(_area_by_seed(seeds).values())),
+            "seeds_without_area": [s for s, v in sorted(seeds.items()) if v["area"] is None],  # < 2 evaluations
             "owners": owner_stats(seeds),
             "ro_ratio": _finite(stats.ro_ratio([v["rollouts"] for v in control.values()],
                                                [v["rollouts"] for v in seeds.values()])),
@@ -334,6 +345,7 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
                                                 {s: v["balanced"] for s, v in theirs.items()})
             entry["delta_accuracy_vs_control"] = _paired(spec, {s: v["accuracy"] for s, v in mine.items()},
                                                          {s: v["accuracy"] for s, v in theirs.items()})
+            entry["delta_area_vs_control"] = _paired(spec, _area_by_seed(mine), _area_by_seed(theirs))
             entry["summary_deltas"] = {
                 name: _paired(spec, _summary_by_seed(mine, name), _summary_by_seed(theirs, name))
                 for name in design.names()}
@@ -373,6 +385,10 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             "benchmark_families": design.families, "grouped": design.grouped, "named_summaries": design.named,
             "control_final_balanced": _finite(control_final), "initial_balanced": _stat(before),
             "methods": methods, "evaluation_sensitivity": evaluation_sensitivity(methods, design.names())}
+
+
+def _area_by_seed(seeds: dict[int, dict[str, Any]]) -> dict[int, float]:
+    return {s: v["area"] for s, v in seeds.items() if v.get("area") is not None}
 
 
 def _summary_by_seed(seeds: dict[int, dict[str, Any]], name: str) -> dict[int, float]:

@@ -19,6 +19,11 @@ Definitions (also in the report):
 - RO ratio: mean over seeds of the control's rollouts / mean over seeds of the method's, i.e.
   the ratio of the two "# Rollout" column entries, as in the paper (DAPO count / method count).
   The mean of the per-seed ratios is reported next to it in results.json.
+- area (a secondary metric): the trapezoid area under one run's accuracy-vs-cumulative-rollouts
+  curve (its target-test evaluations: step 0, the periodic ones, the final) divided by the
+  rollout span, i.e. the curve's mean accuracy over the rollouts spent, in [0, 1]. It averages
+  several evaluations of one run, so it can carry less seed noise than the final point alone;
+  with few evaluations it is coarse. A run with fewer than 2 evaluations has none.
 - rollouts to reach: the first cumulative-rollout count at which an accuracy curve is >= a
   threshold; None ("not reached") when the curve never gets there. The report applies it to
   the seed-mean curve with the control's final mean as threshold, and to each seed's curve
@@ -27,6 +32,7 @@ Definitions (also in the report):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -169,6 +175,18 @@ def rollouts_to_reach(curve: Sequence[tuple[float, float]], threshold: float, to
         if accuracy is not None and accuracy >= threshold - tolerance:
             return float(rollouts)
     return None
+
+
+def normalised_area(curve: Sequence[tuple[float, float]]) -> float | None:
+    """Trapezoid area under (rollouts, accuracy) points, in rollout order, divided by the rollout
+    span: the mean accuracy over the rollouts. None for fewer than 2 points or a zero span (an
+    area is never invented from one evaluation)."""
+    # stable sort: points at equal rollouts keep their (step) order
+    points = sorted(((float(r), float(a)) for r, a in curve if a is not None), key=lambda point: point[0])
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    area = sum((r1 - r0) * (a0 + a1) / 2 for (r0, a0), (r1, a1) in itertools.pairwise(points))
+    return area / (points[-1][0] - points[0][0])
 
 
 def mean_curve(curves: Sequence[Sequence[tuple[int, float, float]]]) -> list[dict[str, float]]:
