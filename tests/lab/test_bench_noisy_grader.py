@@ -41,7 +41,7 @@ def test_the_complete_flip30_profile_shares_its_grpo_rows_and_runs_setgrpo_with_
     full, screen = load_profile("noisy_grader_flip30_point"), load_profile("noisy_grader_flip30")
     assert len(full.seeds) == 12 and full.control == "grpo_flip30"
     rows = {m.label: m for m in full.methods}
-    assert set(rows) == {"grpo_exact", "grpo_flip30", "setgrpo_point", "setgrpo_point_sphere",
+    assert set(rows) == {"grpo_exact", "grpo_flip30", "grpo_flip30_draw_mean", "setgrpo_point", "setgrpo_point_sphere",
                          "setgrpo_point_identity", "setgrpo_point_anchor", "l2rr_owner_exact", "l2rr_owner_noisy"}
     old = {m.label: m for m in screen.methods}
     for label in ("grpo_exact", "grpo_flip30"):  # same config: the 12 runs each are reused
@@ -50,6 +50,8 @@ def test_the_complete_flip30_profile_shares_its_grpo_rows_and_runs_setgrpo_with_
         config = TrainConfig.model_validate(run_config(full, rows[label], "noisy", 0))
         assert config.grpo.coefficients.rejected == "point"
     assert TrainConfig.model_validate(run_config(screen, old["setgrpo"], "noisy", 0)).grpo.coefficients.rejected == "skip"
+    mean = TrainConfig.model_validate(run_config(full, rows["grpo_flip30_draw_mean"], "noisy", 0)).grpo.coefficients
+    assert (mean.name, mean.draws) == ("draw_mean", 2)
     noisy_owner = run_config(full, rows["l2rr_owner_noisy"], "noisy", 0)
     assert noisy_owner["simulated_owner"]["feedback_verifier"]["flip_rate"] == 0.3
     assert "simulated_owner" not in run_config(full, rows["l2rr_owner_exact"], "noisy", 0)
