@@ -142,3 +142,55 @@ def test_the_gate_statistic_rejects_a_zero_update_and_keeps_a_boundary_recovery(
     assert 0 < rec.eta < 1 and rho == 0.0  # direction-preserving (f >= 0), so a record the gate can accept
     singular = torch.zeros(4, 4, dtype=torch.float64)  # no geometry at all: no scale for rho
     assert build_rule("coefficients", FAST).gate_statistic(a_hat, singular, 0.8)[1] == -math.inf
+
+
+def _closed_gate(rejected: str) -> list:
+    """A calibrated module whose risk gate certifies no threshold (beta and delta too small for the
+    window): every training group after calibration is a rejected one."""
+    return _run({**FAST, "beta": 0.001, "delta": 0.001, "rejected": rejected}, 12)
+
+
+def test_a_rejected_group_trains_on_its_point_coefficients_by_default():
+    from trainer_node.grpo.update_rules.setgrpo import SetGrpoOptions
+
+    assert SetGrpoOptions().rejected == "point"
+    for out, metrics in _closed_gate("point")[-3:]:
+        assert metrics["setgrpo/calibrated"] == 1.0 and metrics["setgrpo/accepted_ratio"] == 0.0
+        assert metrics["setgrpo/tau_sel"] == math.inf
+        # 8 groups of 6: the 4 held back are not kept, every informative training group is
+        kept = {int(g) for g in torch.tensor([i // 6 for i in range(48)])[out.keep]}
+        assert 1 <= len(kept) <= 4
+        assert bool(out.advantages[out.keep].abs().sum() > 0)
+
+
+def test_point_and_skip_differ_only_in_the_rejected_groups():
+    point, skip = _closed_gate("point"), _closed_gate("skip")
+    for (out_p, m_p), (out_s, m_s) in zip(point, skip):
+        if m_p["setgrpo/calibrated"] == 0.0:  # before calibration: the same point coefficients, ungated
+            assert torch.equal(out_p.keep, out_s.keep)
+            assert torch.allclose(out_p.advantages, out_s.advantages)
+            continue
+        assert not bool(out_s.keep.any())  # nothing accepted: "skip" keeps no group, the step does nothing
+        assert bool(out_p.keep.any())
+        assert m_p["setgrpo/tau_sel"] == m_s["setgrpo/tau_sel"] == math.inf
+
+
+def test_a_rejected_group_gets_exactly_m():
+    rule = build_rule("coefficients", {**FAST, "beta": 0.001, "delta": 0.001})
+    rng = np.random.default_rng(1)
+    for step in range(12):
+        inputs = make_input(noisy_groups(rng, 8, flip=0.05), seed=step)
+        out = rule.coefficients(inputs)
+    assert rule.metrics()["setgrpo/calibrated"] == 1.0
+    checked = 0
+    for rows in inputs.groups():
+        if bool(out.keep[rows].all()):
+            centre, _ = rule.group_set(inputs.grader_scores, rows)
+            assert torch.allclose(out.advantages[rows].to(torch.float64), centre)
+            checked += 1
+    assert checked >= 1
+
+
+def test_a_bad_rejected_option_names_the_field():
+    with pytest.raises(ValidationError, match=r"coefficients\.rejected"):
+        GRPOSettings(coefficients={"name": "setgrpo", "rejected": "drop"})

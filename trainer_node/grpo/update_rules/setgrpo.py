@@ -15,7 +15,9 @@ Per step, over the batch's groups (grader draws s1, s2, s3 per rollout, the LM h
      training groups meet): a risk group's recovered coefficients are a direction reversal when
      their update opposes the update of a(s3); thresholds certified by fixed-sequence testing;
   5. for each training group: (b) the recovered coefficients a(eta*); accepted when
-     rho >= tau_sel and the reward-space projection is > 0, else not kept (no update).
+     rho >= tau_sel and the reward-space projection is > 0; a rejected group trains on its point
+     coefficients m (`rejected = "point"`, the default: the original GRPO objective) or is not
+     kept (`rejected = "skip"`).
 Until both windows hold `min_calibration` groups the training groups get the point coefficients m
 ungated (logged as setgrpo/calibrated = 0). Training groups read only s1 and s2.
 
@@ -77,6 +79,11 @@ class SetGrpoOptions(UpdateRuleOptions):
     reference_draws: int = Field(default=1, ge=1, le=32, description="Fresh grader draws per rollout of a "
                                  "held-back group, averaged into the reference the set must cover and the risk "
                                  "gate's reversal is measured against (the grader is asked for 2 + this many).")
+    rejected: Literal["point", "skip"] = Field(default="point", description="(c) what a training group "
+                                               "the gate rejects trains on: 'point', its point coefficients m "
+                                               "(the GRPO objective on the two draws, as before calibration: "
+                                               "the seed keeps the original GRPO objective); 'skip', nothing "
+                                               "(the group is not kept; a step with nothing accepted is skipped).")
     eps: float = Field(default=1e-6, gt=0.0, description="Added to each group's score std.")
     seed: int = Field(default=0, ge=0, description="Seeds the choice of held-back groups.")
 
@@ -319,6 +326,8 @@ class SetGrpo(CoefficientRule):
                 accepted += 1
                 advantages[rows] = rec.coefficients
                 norms.append(float(rec.coefficients.norm()))
+            elif self.options.rejected == "point":
+                advantages[rows] = a_hat
             else:
                 keep[rows] = False
         self._metrics = {
