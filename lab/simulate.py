@@ -192,6 +192,7 @@ class Simulation:
             "feedback_candidates": feedback.stats.candidates_evaluated,
             "feedback_uploaded_bytes": feedback.stats.uploaded_bytes,  # what the owner did not hold yet
             "releases": budget.releases_made,
+            **feedback.stats.background_summary(),  # what the asynchronous queries' thread did
             "initial_checkpoint_sha256": checkpoint_digest(setup.model_dir),  # runs pair only from one start
             # Is the gain in the skill or in the answer base rate? (lab/base_rates.py)
             "base_rates": base_rates(setup.data.test),

@@ -130,6 +130,10 @@ def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps
         "epsilon_spent": summary.get("epsilon_spent"),
         "target_accuracy_after": summary.get("target_accuracy_after"),
         "checkpoint_bytes": weights,
+        # the arms sample different prompts once q moves: generated tokens tell overhead from workload
+        "generated_tokens": sum(r.get("rollouts_generated", 0) * r.get("completion_len_mean", 0) for r in steps_),
+        "background": {k.removeprefix("feedback_background/"): v for k, v in summary.items()
+                       if k.startswith("feedback_background/")},
         "summary_keys": sorted(summary),
     }
 
@@ -471,9 +475,13 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
 
     both(1, "1 loop time, L2RR lookahead / learn_q=false", lambda d: _loop_ratio(d, "feedback"), "<= 1.05x")
     both(1, "1 feedback phases, lookahead", lambda d: _feedback_share(d["feedback"]))
+    both(1, "1 background thread, lookahead", lambda d: _background(d["feedback"]))
+    both(1, "1 loop per generated token, lookahead / ablation", lambda d: _per_token_ratio(d, "feedback"))
     both(1, "1 loop time, L2RR release_difference / learn_q=false", lambda d: _loop_ratio(d, "release_difference"),
          "<= 1.05x")
     both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
+    both(1, "1 background thread, release_difference", lambda d: _background(d["release_difference"]))
+    both(1, "1 loop per generated token, release_difference / abl.", lambda d: _per_token_ratio(d, "release_difference"))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")
@@ -513,6 +521,26 @@ def _feedback_share(run: dict) -> str:
         return "not recorded"
     feedback = sum(phases.get(k, 0.0) for k in ("candidates", "upload", "owner_wait"))
     return f"{feedback / run['loop_s']:.1%} of the loop ({feedback:.1f} s)"
+
+
+def _background(run: dict) -> str:
+    """What the asynchronous queries' thread did (first round): its CPU seconds, which it can take
+    from the training thread on a shared CPU, and its wall split."""
+    bg = run.get("background") or {}
+    if not bg:
+        return "not recorded"
+    return (f"CPU {bg['cpu_s']:.1f} s = {bg['cpu_s'] / run['loop_s']:.1%} of the loop (wall: candidates "
+            f"{bg['candidates_s']:.1f}, upload {bg['upload_s']:.1f}, owner {bg['owner_s']:.1f} s)")
+
+
+def _per_token_ratio(data: dict, arm: str) -> str:
+    """(loop / generated tokens) with feedback over the same without, first round: the loop ratio
+    with the arms' different workloads (q moves what is sampled) divided out."""
+    run, base = data[arm], data["ablation"]
+    if not run.get("generated_tokens") or not base.get("generated_tokens"):
+        return "not recorded"
+    ratio = (run["loop_s"] / run["generated_tokens"]) / (base["loop_s"] / base["generated_tokens"])
+    return f"{ratio:.2f}x ({run['generated_tokens']:,.0f} vs {base['generated_tokens']:,.0f} tokens)"
 
 
 def _bytes_per_query(data: dict) -> str:

@@ -110,6 +110,11 @@ def test_async_lookahead_equals_the_synchronous_query_of_the_same_moment(model_d
     assert released == pytest.approx(sync, abs=1e-7), "candidates are built from the snapshot, not the live model"
     assert pending.ready() and feedback.stats.queries == 1 and feedback.pacer.next_step >= 1
     assert feedback.stats.background_candidates_s > 0 and feedback.stats.background_owner_s >= 0
+    # the background thread's CPU (what it can take from training on a shared CPU) is at least
+    # its candidate building, which is compute; the summary carries the split
+    assert feedback.stats.background_cpu_s > 0
+    split = feedback.stats.background_summary()
+    assert set(split) == {f"feedback_background/{k}" for k in ("candidates_s", "upload_s", "owner_s", "cpu_s")}
 
 
 def test_one_query_in_flight_and_a_failed_one_returns_none(model_dir, tmp_path):
@@ -135,3 +140,9 @@ def test_the_run_end_books_a_query_still_in_flight(model_dir, tmp_path):
     outcome = OwnerFeedbackHook(feedback).finish(1)
     assert outcome.summary["feedback_queries"] == 1
     assert torch.is_tensor(trainer.current_state_dict()[EMBEDDING])
+
+
+def test_a_run_without_background_queries_reports_no_background_split():
+    from trainer_node.feedback.context import FeedbackStats
+
+    assert FeedbackStats().background_summary() == {}

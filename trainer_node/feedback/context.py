@@ -76,6 +76,15 @@ class FeedbackStats:
     """Asynchronous queries: seconds the background thread spent writing and uploading."""
     background_owner_s: float = 0.0
     """Asynchronous queries: seconds the background thread waited for the owner's release."""
+    background_cpu_s: float = 0.0
+    """Asynchronous queries: CPU seconds the background thread used (candidates, writes, uploads,
+    the gRPC wait): what it can take from the training thread on a shared CPU."""
+
+    def background_summary(self) -> dict[str, float]:
+        """The background thread's split, for a run's summary; empty when no query ran in it."""
+        split = {"candidates_s": self.background_candidates_s, "upload_s": self.background_upload_s,
+                 "owner_s": self.background_owner_s, "cpu_s": self.background_cpu_s}
+        return {f"feedback_background/{k}": round(v, 3) for k, v in split.items()} if any(split.values()) else {}
     log: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -262,6 +271,13 @@ class OwnerFeedback:
     def _background_query(self, make_states: Any, decoding: pb.DecodingSettings):
         """On the background thread: (ids, response), or the FeedbackError that ended the query."""
         _BACKGROUND.active = True
+        cpu_started = time.thread_time()
+        try:
+            return self._background_work(make_states, decoding)
+        finally:
+            self.stats.background_cpu_s += time.thread_time() - cpu_started
+
+    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings):
         states = make_states()
         started = time.perf_counter()
         try:

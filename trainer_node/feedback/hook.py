@@ -76,6 +76,7 @@ class OwnerFeedbackHook:
         stats = self.feedback.stats
         outcome.summary.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
                                epsilon_spent=stats.epsilon_spent, feedback_query_uploaded_bytes=stats.query_uploaded_bytes)
+        outcome.summary.update(stats.background_summary())  # asynchronous queries: the background thread's split
         self._note_stop(step)
         if self.stopped_step is not None:
             outcome.summary.update(feedback_stopped_step=self.stopped_step, feedback_stopped_reason=self.stopped_reason)
