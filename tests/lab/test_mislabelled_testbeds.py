@@ -211,3 +211,17 @@ def test_the_balanced_testbed_is_generated_and_its_commonest_answer_scores_its_s
     assert read_testbed_data(out)["target"] == committed["target"]
     assert main([*args, "--max-answer-share", "0.1", "--out", str(tmp_path / "c.toml")]) == 2
     assert "max_answer_share: 0.1 is not reachable" in capsys.readouterr().out and not (tmp_path / "c.toml").exists()
+
+
+def test_the_ablations_profile_runs_are_the_full_profiles_runs():
+    """`mislabelled_ablations` is a slice of `mislabelled`: same labels, same run configs, so one
+    --out shares the runs (the bench reuses them by config hash)."""
+    from lab.bench.spec import load_profile, run_config
+
+    full, part = load_profile("mislabelled"), load_profile("mislabelled_ablations")
+    rows = {m.label: m for m in full.methods}
+    assert part.seeds == full.seeds and part.steps == full.steps and part.testbeds == full.testbeds
+    assert {m.label for m in part.methods} == {"uniform", "l2rr", "l2rr-no-waste", "l2rr-no-allocation",
+                                               "l2rr-uniform-q", "target-mix"}
+    for method in part.methods:
+        assert run_config(part, method, "mislabelled", 5) == run_config(full, rows[method.label], "mislabelled", 5)
