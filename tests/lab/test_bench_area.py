@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from lab.bench import runner, stats
+from lab.bench import stats
 from lab.bench.report import render_report
 from lab.bench.results import compute_results
-from lab.bench.spec import parse_spec, plan_runs
-from tests.lab.test_bench_runner import FakeSimulate
+from lab.bench.spec import parse_spec
+from tests.lab.test_bench_runner import run_fake_bench
 
 SPEC = {"name": "area-test", "seeds": [0, 1, 2], "steps": 4, "config": {"run": {"eval_every": 2}},
         "methods": [{"label": "uniform", "policy": "uniform"}, {"label": "l2rr", "policy": "l2rr"}]}
@@ -36,7 +36,7 @@ def test_no_area_from_one_evaluation_or_a_zero_rollout_span():
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     spec = parse_spec(SPEC)
-    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    records, _ = run_fake_bench(spec, out)
     return spec, records, out
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from lab.bench import runner
 from lab.bench.cli import write_outputs
 from lab.bench.spec import BenchSpecError, load_profile, parse_spec, plan_runs
-from tests.lab.test_bench_runner import FakeSimulate
+from tests.lab.test_bench_runner import run_fake_bench
 
 FAMILIES = {"math_add": "math", "math_sub": "math", "math_mul": "math", "math_gcd": "math",
             "logic_syllogism": "logic", "logic_aiw": "logic", "logic_family": "logic",
@@ -40,7 +39,7 @@ SPEC = {
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("dataflex_bench")
     spec = parse_spec(SPEC)
-    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    records, _ = run_fake_bench(spec, out)
     report = write_outputs(spec, records, out)
     return spec, records, report.read_text(), json.loads((out / "results.json").read_text())
 

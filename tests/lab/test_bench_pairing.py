@@ -4,11 +4,10 @@ import copy
 
 import pytest
 
-from lab.bench import runner
 from lab.bench.report import render_report
 from lab.bench.results import compute_results, same_start
-from lab.bench.spec import parse_spec, plan_runs
-from tests.lab.test_bench_runner import FakeSimulate
+from lab.bench.spec import parse_spec
+from tests.lab.test_bench_runner import run_fake_bench
 
 SPEC = {"name": "pairing-test", "seeds": [0, 1, 2], "steps": 4,
         "methods": [{"label": "uniform", "policy": "uniform"}, {"label": "l2rr", "policy": "l2rr"}]}
@@ -18,7 +17,7 @@ SPEC = {"name": "pairing-test", "seeds": [0, 1, 2], "steps": 4,
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     spec = parse_spec(SPEC)
-    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    records, _ = run_fake_bench(spec, out)
     return spec, records, out
 
 

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from lab.bench import runner
 from lab.bench.cli import write_outputs
-from lab.bench.spec import parse_spec, plan_runs
-from tests.lab.test_bench_runner import FakeSimulate
+from lab.bench.spec import parse_spec
+from tests.lab.test_bench_runner import run_fake_bench
 
 SPEC = {
     "name": "report-test", "seeds": [0, 1, 2], "steps": 6, "config": {"run": {"eval_every": 2}},
@@ -26,7 +25,7 @@ SPEC = {
 def bench_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     spec = parse_spec(SPEC)
-    records, _ = runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+    records, _ = run_fake_bench(spec, out)
     report = write_outputs(spec, records, out)
     return out, records, report.read_text(), json.loads((out / "results.json").read_text())
 
@@ -96,7 +95,7 @@ def test_figures_are_written_and_linked(bench_out):
 def test_failed_runs_are_listed_and_left_out_of_the_statistics(tmp_path):
     spec = parse_spec({**SPEC, "seeds": [0, 1], "methods": [
         SPEC["methods"][0], {"label": "broken", "policy": "uniform"}]})
-    records, _ = runner.run_all(plan_runs(spec), tmp_path, workers=2, command_builder=FakeSimulate(), progress=False)
+    records, _ = run_fake_bench(spec, tmp_path)
     report = write_outputs(spec, records, tmp_path).read_text()
     assert "## Runs without results" in report and "| default__broken__seed0 | failed | exit code 3 |" in report
     assert row(report, "broken").endswith("| n/a | n/a | n/a | n/a | 0 |")

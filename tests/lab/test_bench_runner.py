@@ -26,6 +26,11 @@ class FakeSimulate:
         return [sys.executable, str(FAKE), *argv[4:]]
 
 
+def run_fake_bench(spec, out):
+    """Every run of `spec` through the fake simulate, 2 workers: (records, skipped)."""
+    return runner.run_all(plan_runs(spec), out, workers=2, command_builder=FakeSimulate(), progress=False)
+
+
 def make_spec(l2rr_options=None, extra_methods=()):
     return parse_spec({
         "name": "t", "seeds": [0, 1], "steps": 6, "config": {"run": {"eval_every": 2}},
