@@ -62,11 +62,12 @@ def test_the_mislabelled_testbed_shifts_only_its_harmful_cluster_and_keeps_the_d
     assert [e.prompt for e in crawl] == [e.prompt for e in truth]
 
 
-def test_the_trainer_sees_no_trace_of_label_quality():
+@pytest.mark.parametrize("testbed", ["mislabelled", "mislabelled_add"])
+def test_the_trainer_sees_no_trace_of_label_quality(testbed):
     """The pool, its cluster ids and its examples equal those of the same testbed with every
     hidden field removed, except the corrupted answers; no field names the quality."""
-    data = read_testbed_data("mislabelled")
-    pool = _pool("mislabelled")
+    data = read_testbed_data(testbed)
+    pool = _pool(testbed)
     clean = parse_testbed(_without_hidden_fields(data))
     clean_examples = build_testbed_data(clean).source
     assert pool.clusters == tuple(cluster_of(e) for e in clean_examples)
@@ -100,6 +101,23 @@ def test_the_oracle_samples_only_clean_skill_clusters():
     # a testbed without hidden labels keeps the domain weights (the default's oracle is unchanged)
     default = fill_target_weights({"policy": {"name": "oracle"}, "data": {"testbed": "default"}})
     assert default["policy"]["domain_weights"] == {"count": 1.0} and "cluster_weights" not in default["policy"]
+
+
+def test_the_sums_testbed_keeps_its_skill_in_the_sums_and_its_wrong_copy_on_the_same_prompts():
+    """mislabelled_add: a target whose commonest answer is rare, clean sums as its skill cluster,
+    and `crawl` asking the same kind of sums with every answer +1 (RL only: a clean warm-up)."""
+    spec = load_testbed("mislabelled_add")
+    data = build_testbed_data(spec)
+    assert base_rates(data.test)["commonest_answer_accuracy"] < 0.2
+    assert skill_cluster_weights(spec) == {"add": 1.0}
+    seen = {e.prompt for e in data.source + data.warmup}
+    assert not seen & {e.prompt for e in data.feedback + data.test}
+    assert not any(cluster_of(e) == "crawl" for e in data.warmup)
+    clean = build_testbed_data(parse_testbed(_without_hidden_fields(read_testbed_data("mislabelled_add"))))
+    wrong = [e for e in data.source if cluster_of(e) == "crawl"]
+    truth = [e for e in clean.source if cluster_of(e) == "crawl"]
+    assert [e.prompt for e in wrong] == [e.prompt for e in truth]
+    assert [int(e.answer) for e in wrong] == [int(e.answer) + 1 for e in truth]
 
 
 def test_the_oracle_refuses_both_or_neither_weighting():
