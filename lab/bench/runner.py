@@ -16,6 +16,8 @@ and its summary.json exists. A changed option changes the hash, so that run re-r
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shlex
@@ -90,10 +92,30 @@ def load_record(out: Path, run: PlannedRun) -> dict[str, Any] | None:
         return None
 
 
+def testbed_digest(run: PlannedRun) -> str:
+    """sha256 of the run's testbed spec as loaded (a name or a path), so an edited testbed file
+    never passes for the one a finished run used: the config hash names the testbed, not its content."""
+    return _testbed_digest(run.testbed)
+
+
+@functools.lru_cache(maxsize=64)  # one bench process plans and checks each run several times
+def _testbed_digest(testbed: str) -> str:
+    from rlvr_core.tasks.testbed import load_testbed
+
+    return hashlib.sha256(load_testbed(testbed).model_dump_json().encode()).hexdigest()
+
+
+def same_inputs(record: dict[str, Any] | None, run: PlannedRun) -> bool:
+    """The record is of this planned run: same config hash and, where the record has one (records
+    before it was kept have none), the same testbed digest."""
+    return (record is not None and record.get("config_hash") == run.config_hash
+            and record.get("testbed_digest", testbed_digest(run)) == testbed_digest(run))
+
+
 def is_done(out: Path, run: PlannedRun) -> bool:
-    """True when a finished record with the same config hash and its summary.json exist."""
+    """True when a finished record of the same inputs (same_inputs) and its summary.json exist."""
     record = load_record(out, run)
-    return (record is not None and record.get("status") == "ok" and record.get("config_hash") == run.config_hash
+    return (same_inputs(record, run) and record.get("status") == "ok"
             and (run.run_dir(out) / SUMMARY_FILE).is_file())
 
 
@@ -113,7 +135,7 @@ def base_record(run: PlannedRun, out: Path, commit: str) -> dict[str, Any]:
         "id": run.run_id, "testbed": run.testbed, "testbed_key": run.testbed_key, "label": run.label,
         "policy": run.policy, "options": run.config["policy"].get("options", {}), "seed": run.seed,
         "steps": run.steps, "no_dp": run.no_dp, "config_hash": run.config_hash, "git_commit": commit,
-        "run_dir": str(run.run_dir(out)),
+        "testbed_digest": testbed_digest(run), "run_dir": str(run.run_dir(out)),
     }
 
 
@@ -291,7 +313,11 @@ def gather_records(runs: Sequence[PlannedRun], out: Path) -> list[dict[str, Any]
     records = []
     for run in runs:
         record = load_record(out, run)
-        own = record if record is not None and record.get("config_hash") == run.config_hash else None
+        if record is not None and record.get("config_hash") == run.config_hash and not same_inputs(record, run):
+            records.append({**base_record(run, out, git_commit()), "status": "stale",
+                            "error": "the testbed changed since this run (testbed_digest differs)"})
+            continue
+        own = record if same_inputs(record, run) else None
         if own is not None and own.get("status") == "ok":
             records.append(own)
             continue

@@ -216,3 +216,41 @@ def test_runs_are_stoppable_even_when_the_bench_was_started_ignoring_sigint(tmp_
         assert record["status"] == "failed" and record["wall_seconds"] < 30
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tmp_path):
+    """The config hash names the testbed; its digest in the record catches an edit of the file."""
+    from rlvr_core.tasks.testbed import TESTBED_DIR
+
+    testbed = tmp_path / "mine.toml"
+    testbed.write_text((TESTBED_DIR / "small.toml").read_text())
+
+    def spec():
+        return parse_spec({"name": "t", "seeds": [0], "steps": 6, "testbeds": [str(testbed)],
+                           "methods": [{"label": "uniform", "policy": "uniform"}]})
+
+    out = tmp_path / "out"
+    run_fake_bench(spec(), out)
+    runner._testbed_digest.cache_clear()
+    assert run_fake_bench(spec(), out)[1] != []  # unchanged: skipped
+    testbed.write_text(testbed.read_text().replace("seed = ", "seed = 1", 1))
+    runner._testbed_digest.cache_clear()
+    [stale] = runner.gather_records(plan_runs(spec()), out)
+    assert stale["status"] == "stale" and "testbed changed" in stale["error"]
+    fake = FakeSimulate()
+    runner.run_all(plan_runs(spec()), out, workers=1, command_builder=fake, progress=False)
+    assert len(fake.launched) == 1
+
+
+def test_records_from_before_the_testbed_digest_still_count(tmp_path):
+    runs = plan_runs(make_spec())
+    runner.run_all(runs, tmp_path, workers=1, command_builder=FakeSimulate(), progress=False)
+    for run in runs:
+        path = runner.record_path(tmp_path, run)
+        record = json.loads(path.read_text())
+        assert record["testbed_digest"] == runner.testbed_digest(run)
+        del record["testbed_digest"]
+        path.write_text(json.dumps(record))
+    fake = FakeSimulate()
+    runner.run_all(runs, tmp_path, workers=1, command_builder=fake, progress=False)
+    assert fake.launched == []
