@@ -22,8 +22,16 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 
 def test_the_tools_are_the_ones_documented():
-    assert TOOLS == ["bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py", "gen_protos.py",
-                     "summarize_runs.py"]
+    assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py",
+                     "gen_protos.py", "summarize_runs.py"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_bench_cpu_share_runs_a_tiny_case():
+    result = run_tool("bench_cpu_share.py", "--sizes", "32", "--rounds", "1", "--seconds", "0.05", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout)
+    assert row["size"] == 32 and len(row["alone_s"]) == len(row["beside_s"]) == 1 and row["ratio"] > 0
 
 
 @pytest.mark.parametrize("name", TOOLS)
