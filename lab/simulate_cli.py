@@ -48,7 +48,10 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--method", help="data policy or diagnostic (default: l2rr; see the list below)")
-    parser.add_argument("--testbed", help="testbed name (built-in: default, arith, strings, small) or a testbed TOML path (default: default)")
+    from rlvr_core.tasks.testbed import testbed_names
+
+    parser.add_argument("--testbed", help=f"testbed name (built-in: {', '.join(testbed_names())}) or a testbed TOML "
+                        "path (default: default)")
     parser.add_argument("--seed", type=int, help="run seed (default 0)")
     parser.add_argument("--steps", type=int, help="GRPO steps (default 60)")
     parser.add_argument("--out", type=Path, help="run directory (default runs/simulate)")
