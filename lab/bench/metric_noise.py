@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,15 @@ def snr_gain_interval(row: dict, final: dict, resamples: int = 10_000, seed: int
     return float(low), float(high)
 
 
+def split_pair(tb: dict, pair: str) -> tuple[str, str]:
+    """"METHOD:CONTROL" -> (method, control), both labels of the testbed's methods."""
+    method, _, control = pair.partition(":")
+    for label in (method, control):
+        if label not in tb["methods"]:
+            raise SystemExit(f"--pair {pair}: no method {label!r}; methods: {', '.join(tb['methods'])}")
+    return method, control
+
+
 def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[str]:
     """Markdown rows, one per (pair, metric). A step row is left out when its differences are all 0
     (step 0: one starting checkpoint) or equal the final's (the last step is the final checkpoint)."""
@@ -99,10 +109,7 @@ def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[s
               "CI excludes 0 | |SNR| gain over final, bootstrap 95% |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for pair in pairs:
-        method, _, control = pair.partition(":")
-        for label in (method, control):
-            if label not in tb["methods"]:
-                raise SystemExit(f"--pair {pair}: no method {label!r}; methods: {', '.join(tb['methods'])}")
+        method, control = split_pair(tb, pair)
         rows = noise_rows(tb, method, control, paired_seeds(tb, method, control))
         final = next((row for row in rows if row["metric"] == "final"), None)
         for row in rows:
@@ -115,14 +122,20 @@ def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[s
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_table_cli(table_of: Callable[[dict, list[str], str | None], list[str]], doc: str | None,
+                  argv: list[str] | None = None) -> None:
+    """RESULTS_JSON --pair METHOD:CONTROL [...] [--testbed KEY] -> print `table_of`'s rows."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path)
     parser.add_argument("--pair", action="append", required=True, metavar="METHOD:CONTROL")
     parser.add_argument("--testbed", help="testbed key (default: the first)")
     args = parser.parse_args(argv)
     print(f"{args.results}:")
-    print("\n".join(table(json.loads(args.results.read_text()), args.pair, args.testbed)))
+    print("\n".join(table_of(json.loads(args.results.read_text()), args.pair, args.testbed)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_table_cli(table, __doc__, argv)
 
 
 if __name__ == "__main__":

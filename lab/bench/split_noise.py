@@ -20,15 +20,12 @@ Single-domain testbeds only (the uncommon accuracy is recorded per run, not per 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 
 from lab.bench import stats
-from lab.bench.metric_noise import paired_seeds
+from lab.bench.metric_noise import paired_seeds, run_table_cli, split_pair
 
 
 def strata_of(testbed_key: str) -> tuple[int, int]:
@@ -91,10 +88,7 @@ def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[s
               "its share of Var(d) | sd(d) at 2x prompts | sd(d) floor, infinite prompts | 95% half-width at the floor |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for pair in pairs:
-        method, _, control = pair.partition(":")
-        for label in (method, control):
-            if label not in tb["methods"]:
-                raise SystemExit(f"--pair {pair}: no method {label!r}; methods: {', '.join(tb['methods'])}")
+        method, control = split_pair(tb, pair)
         row = noise_row(tb, method, control, n, n_uncommon)
         ind, worst = row["independent"], row["worst"]
         lines.append(f"| {method} − {control} | {row['n_seeds']} | {100 * row['mean']:+.2f} | {100 * row['sd']:.2f} | "
@@ -107,13 +101,7 @@ def table(results: dict, pairs: list[str], testbed: str | None = None) -> list[s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path)
-    parser.add_argument("--pair", action="append", required=True, metavar="METHOD:CONTROL")
-    parser.add_argument("--testbed", help="testbed key (default: the first)")
-    args = parser.parse_args(argv)
-    print(f"{args.results}:")
-    print("\n".join(table(json.loads(args.results.read_text()), args.pair, args.testbed)))
+    run_table_cli(table, __doc__, argv)
 
 
 if __name__ == "__main__":
