@@ -146,3 +146,48 @@ def test_a_run_without_background_queries_reports_no_background_split():
     from trainer_node.feedback.context import FeedbackStats
 
     assert FeedbackStats().background_summary() == {}
+
+
+def test_a_tapped_async_lookahead_reuses_the_update_and_equals_the_synchronous_query(model_dir, tmp_path, monkeypatch):
+    """The asynchronous query's candidates come from the gradients of the update that follows it
+    (grpo/gradient_tap.py): the same release as recomputing them, and no backward pass of their own."""
+    trainer = make_trainer(model_dir, make_settings(adam_eps=1e-4))
+    trainer.train_step()
+    groups = trainer.sample_and_rollout(1).groups
+    weights = [[1.0 if i % 2 == 0 else 0.0 for i in range(len(groups))],
+               [0.0 if i % 2 == 0 else 1.0 for i in range(len(groups))], [1.0] * len(groups)]
+    sync = connect(MemoryOwner(), trainer, tmp_path / "a").evaluate(trainer.lookahead_state_dicts(groups, weights))
+
+    def no_recompute(*args, **kwargs):
+        raise AssertionError("a filled tap needs no recomputed candidates")
+
+    monkeypatch.setattr(trainer, "_lookahead", no_recompute)
+    feedback = connect(MemoryOwner(), trainer, tmp_path / "b")
+    pending = feedback.submit_lookahead(groups, weights)
+    trainer.update(groups)  # the step's own update, class by class: it fills the tap
+    released = pending.result()
+    assert released == pytest.approx(sync, abs=1e-6)
+    assert released[3] != pytest.approx(released[0], abs=1e-9), "the all-ones candidate moved"
+
+
+def test_a_tap_for_another_batch_is_declined_and_the_candidates_recomputed(model_dir, tmp_path):
+    trainer = make_trainer(model_dir, make_settings(adam_eps=1e-4))
+    groups = trainer.sample_and_rollout(0).groups
+    weights = [[1.0] * len(groups)]
+    sync = connect(MemoryOwner(), trainer, tmp_path / "a").evaluate(trainer.lookahead_state_dicts(groups, weights))
+    feedback = connect(MemoryOwner(), trainer, tmp_path / "b")
+    pending = feedback.submit_lookahead(groups, weights)
+    trainer.update(list(reversed(groups)))  # not the query's batch (order differs): declined
+    assert pending.result() == pytest.approx(sync, abs=1e-7)
+
+
+def test_waiting_for_a_query_before_any_update_does_not_deadlock(model_dir, tmp_path):
+    """The background thread waits for the next update's gradients; a training thread that waits
+    for the release first declines the tap, so the candidates are recomputed instead."""
+    trainer = make_trainer(model_dir)
+    groups = trainer.sample_and_rollout(0).groups
+    feedback = connect(MemoryOwner(), trainer, tmp_path)
+    pending = feedback.submit_lookahead(groups, [[1.0] * len(groups)])
+    assert pending.result() is not None and feedback.stats.queries == 1
+    trainer.update(groups)  # the declined tap is gone: a plain update
+    feedback.close()

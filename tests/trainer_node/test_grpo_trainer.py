@@ -157,6 +157,35 @@ def test_gradient_accumulation_equals_one_big_batch(model_dir):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_an_update_run_class_by_class_for_a_gradient_tap_is_the_same_update(model_dir, accum):
+    """grpo/gradient_tap.py: a snapshot's tap makes the next update run its backward class by
+    class. The update is the same (up to the order of the additions), its metrics are, and the
+    class gradients the tap keeps add up to the batch's gradient."""
+    plain = make_trainer(model_dir, make_settings(grad_accum_steps=accum, adam_eps=1e-4))
+    tapped = make_trainer(model_dir, make_settings(grad_accum_steps=accum, adam_eps=1e-4))
+    groups = plain.sample_and_rollout(0).groups
+    weights = [[1.0 if i % 2 else 0.0 for i in range(len(groups))], [0.5] * len(groups)]
+    snapshot = tapped.lookahead_snapshot(groups, weights)
+    assert snapshot.tap is not None and not snapshot.tap.resolved and snapshot.tap.classes == 2
+    a, b = plain.update(groups), tapped.update(groups)
+    assert snapshot.tap.wait(), "the update filled the tap"
+    assert b["loss"] == pytest.approx(a["loss"], abs=1e-6) and b["entropy"] == pytest.approx(a["entropy"], abs=1e-6)
+    x, y = parameters(plain), parameters(tapped)
+    assert max(float((x[k] - y[k]).abs().max()) for k in x) < 1e-6
+    # candidate 1 weighs every group 0.5: half the sum of the class gradients, i.e. half the batch's
+    total = [sum(g[i] for g in snapshot.tap._gradients) for i in range(len(snapshot.tap._gradients[0]))]
+    half = snapshot.tap.candidate_gradient(1)
+    assert all(torch.allclose(h, 0.5 * t, atol=1e-7) for h, t in zip(half, total))
+
+
+def test_no_tap_where_the_update_takes_several_optimizer_steps_or_is_told_not_to(model_dir):
+    for settings in (make_settings(mini_batches=2), make_settings(lookahead_from_update=False)):
+        trainer = make_trainer(model_dir, settings)
+        groups = trainer.sample_and_rollout(0).groups
+        assert trainer.lookahead_snapshot(groups, [[1.0] * len(groups)]).tap is None
+
+
 def test_off_policy_epochs_minibatches_and_kl(model_dir):
     settings = make_settings(ppo_epochs=2, mini_batches=2, grad_accum_steps=2, kl_coef=0.05, loss_aggregation="seq_mean")
     trainer = make_trainer(model_dir, settings)

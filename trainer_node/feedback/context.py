@@ -106,6 +106,9 @@ class PendingRelease:
         """The released accuracies [base, *candidates] (None: nothing released). Blocks until the
         release is in; the wait is the step's `owner_wait` time."""
         if not self._done:
+            release_tap = getattr(self._feedback.trainer, "release_lookahead_tap", None)
+            if release_tap is not None and not self._future.done():
+                release_tap()  # the background thread may wait for the next update's gradients
             with self._feedback._phase("owner_wait"):
                 outcome = self._future.result()
             self._value = self._feedback._settle(self.step, outcome)
@@ -171,22 +174,28 @@ class OwnerFeedback:
 
     def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> PendingRelease:
         """`submit`, with the lookahead candidates also built in the background, from a snapshot of
-        the model and optimizer taken now (GRPOTrainer.lookahead_snapshot)."""
-        snapshot = self.trainer.lookahead_snapshot()
+        the model and optimizer taken now (GRPOTrainer.lookahead_snapshot), and from the gradients
+        of the update that follows where the trainer can tap them (grpo/gradient_tap.py)."""
+        self._check_idle()  # before the snapshot: a refused query must not leave a tap behind
         batch, weights = list(batch), [list(w) for w in weights]
+        snapshot = self.trainer.lookahead_snapshot(batch, weights)
 
         def states() -> list[dict[str, Any]]:
             started = time.perf_counter()
             try:
                 return [snapshot.base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
             finally:
-                self.stats.background_candidates_s += time.perf_counter() - started
+                waited = snapshot.tap.waited_s if getattr(snapshot, "tap", None) is not None else 0.0
+                self.stats.background_candidates_s += time.perf_counter() - started - waited
 
         return self._start(states, len(weights) + 1)
 
-    def _start(self, states: Any, count: int) -> PendingRelease:
+    def _check_idle(self) -> None:
         if self._outstanding is not None:
             raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
+
+    def _start(self, states: Any, count: int) -> PendingRelease:
+        self._check_idle()
         with self._upload_lock:
             self._writer_for()  # built here, from the model as it is, not while the next step trains
         step, decoding = self._step, self._query_decoding(self._step)

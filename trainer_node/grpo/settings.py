@@ -73,6 +73,13 @@ class GRPOSettings(Section):
     lookahead_lr: float | None = Field(
         default=None, gt=0, description="Step size of lookahead candidates; None = lr."
     )
+    lookahead_from_update: bool = Field(
+        default=True,
+        description="Asynchronous lookahead candidates reuse the gradients of the step's own update, run "
+        "cluster by cluster (trainer_node/grpo/gradient_tap.py), instead of a second forward and backward "
+        "pass on the background thread. It keeps one gradient copy per cluster of the batch; false "
+        "recomputes the candidates (the same values, up to float rounding).",
+    )
     selection: SerializeAsAny[UpdateRuleOptions] | None = Field(
         default=None,
         description="Update seam 1, after the advantages: which responses enter the loss (a per-response "

@@ -26,6 +26,7 @@ from rlvr_core.engines.base import GenerationEngine, SamplingParams
 from trainer_node.grpo.advantages import AdvantageInput, compute_advantages
 from trainer_node.grpo.batch import PolicyBatch, collate, flatten_groups
 from trainer_node.grpo.geometry import head_features
+from trainer_node.grpo.gradient_tap import GradientTap
 from trainer_node.grpo.logprobs import token_logprobs
 from trainer_node.grpo.lookahead import (
     LookaheadHyper,
@@ -63,6 +64,9 @@ class LookaheadSnapshot:
     """Each trainable parameter's optimizer state (tensors copied), by name."""
     base: dict[str, torch.Tensor]
     """current_state_dict(): the base model of the query."""
+    tap: GradientTap | None = None
+    """Filled by the next update with the batch's per-class gradients (grpo/gradient_tap.py);
+    None: the candidates are recomputed from the snapshot."""
 
 
 class GRPOTrainer:
@@ -119,6 +123,7 @@ class GRPOTrainer:
         self.step_index = 0  # steps completed; the next step to run
         self.clock = PhaseClock()  # per-phase seconds of each step (grpo/timing.py)
         self._scratch: torch.nn.Module | None = None  # the lookahead's private model copy (snapshots)
+        self._pending_tap: GradientTap | None = None  # the next update's (lookahead_snapshot)
 
     # ----------------------------------------------------------------- the step
     def train_step(self) -> dict[str, Any]:
@@ -239,7 +244,12 @@ class GRPOTrainer:
     def update(self, groups: Sequence[Group]) -> dict[str, float]:
         """ppo_epochs x mini_batches optimizer steps on the batch, each with grad accumulation."""
         s = self.settings
+        tap, self._pending_tap = self._pending_tap, None
         batch = self.build_batch(groups)
+        if tap is not None and not (tap.matches([g.index for g in groups]) and batch.sample_weights is None
+                                    and not nothing_kept(batch)):
+            tap.decline()  # another batch, or rows the candidates would weigh otherwise: recompute
+            tap = None
         if nothing_kept(batch):  # a zero gradient would still move AdamW's momentum: skip instead
             return {**self._skipped_update(self.step_index), **seam_metrics(batch), **self.update_seams.metrics()}
         if s.ppo_epochs * s.mini_batches > 1:  # later passes are off-policy: freeze old logprobs
@@ -253,14 +263,10 @@ class GRPOTrainer:
         for _epoch in range(s.ppo_epochs):
             for mini in minis:
                 self.optimizer.zero_grad(set_to_none=True)
-                step_loss = 0.0
-                step_metrics: dict[str, float] = {}
-                for micro in mini.split(s.grad_accum_steps):
-                    loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
-                    loss.backward()
-                    step_loss += float(loss.detach())
-                    for key, value in metrics.items():
-                        step_metrics[key] = step_metrics.get(key, 0.0) + value
+                if tap is not None:  # one optimizer step per batch (lookahead_snapshot checked it)
+                    step_loss, step_metrics = self._tapped_backward(mini, tap)
+                else:
+                    step_loss, step_metrics = self._backward(mini)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 norms.append(float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)))
                 self.optimizer.step()
@@ -277,6 +283,48 @@ class GRPOTrainer:
         out.update(seam_metrics(batch))
         out.update(self.update_seams.metrics())
         return out
+
+    def _backward(self, mini: PolicyBatch) -> tuple[float, dict[str, float]]:
+        """The mini-batch's gradient into .grad, micro-batch by micro-batch; (loss, metric sums)."""
+        step_loss = 0.0
+        step_metrics: dict[str, float] = {}
+        for micro in mini.split(self.settings.grad_accum_steps):
+            loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
+            loss.backward()
+            step_loss += float(loss.detach())
+            for key, value in metrics.items():
+                step_metrics[key] = step_metrics.get(key, 0.0) + value
+        return step_loss, step_metrics
+
+    def _tapped_backward(self, mini: PolicyBatch, tap: GradientTap) -> tuple[float, dict[str, float]]:
+        """`_backward`, class by class (grpo/gradient_tap.py): each class's gradient is kept for the
+        tap, and .grad gets their sum, the same gradient up to the order of the additions."""
+        full = mini.with_normalisers()
+        row_class = tap.row_classes(full.group_ids)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        step_loss = 0.0
+        step_metrics: dict[str, float] = {}
+        class_grads: list[list[torch.Tensor]] = []
+        for k in range(tap.classes):
+            grads = [torch.zeros_like(p) for p in params]
+            rows = torch.nonzero(row_class == k).flatten()
+            if len(rows):
+                for micro in full.rows(rows).split(self.settings.grad_accum_steps):
+                    loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
+                    for total, grad in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
+                        if grad is not None:
+                            total.add_(grad)
+                    step_loss += float(loss.detach())
+                    for key, value in metrics.items():
+                        step_metrics[key] = step_metrics.get(key, 0.0) + value
+            class_grads.append(grads)
+        for i, param in enumerate(params):
+            total = class_grads[0][i].clone()
+            for grads in class_grads[1:]:
+                total.add_(grads[i])
+            param.grad = total
+        tap.fill(class_grads)
+        return step_loss, step_metrics
 
     def _skipped_update(self, step: int) -> dict[str, float]:
         log.info("step %d: every group was filtered out; skipping the update", step)
@@ -307,10 +355,17 @@ class GRPOTrainer:
         with self.clock.phase("candidates"):
             return self._lookahead(self.model, self._live_optimizer_state(), batch, weights)
 
-    def lookahead_snapshot(self) -> LookaheadSnapshot:
+    def lookahead_snapshot(
+        self, batch: Sequence[Group] | None = None, weights: Sequence[Sequence[float]] | None = None
+    ) -> LookaheadSnapshot:
         """The live run's parameters and optimizer state as they are now, copied, for
-        `lookahead_from_snapshot` on another thread while training goes on (asynchronous feedback)."""
+        `lookahead_from_snapshot` on another thread while training goes on (asynchronous feedback).
+
+        Given the query's batch and weights, and when grpo.lookahead_from_update allows, the
+        snapshot carries a gradient tap that the next update of that batch fills
+        (grpo/gradient_tap.py): the candidates then need no forward or backward pass of their own."""
         with self.clock.phase("candidates"):
+            self.release_lookahead_tap()
             if self._scratch is None:
                 self._scratch = copy.deepcopy(self.model)  # once; a run's later snapshots reuse it
             trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -319,7 +374,26 @@ class GRPOTrainer:
                     for k, v in self.optimizer.state.get(p, {}).items()}
                 for n, p in self.model.named_parameters() if p.requires_grad
             }
-            return LookaheadSnapshot(trainable, state, self.current_state_dict())
+            tap = self._new_tap(batch, weights)
+            self._pending_tap = tap
+            return LookaheadSnapshot(trainable, state, self.current_state_dict(), tap)
+
+    def _new_tap(self, batch: Sequence[Group] | None, weights: Sequence[Sequence[float]] | None) -> GradientTap | None:
+        s = self.settings
+        # several optimizer steps per batch: the first one's gradient is not the batch's at theta_t
+        if not s.lookahead_from_update or batch is None or not weights or s.ppo_epochs * s.mini_batches > 1:
+            return None
+        if any(len(vector) != len(batch) for vector in weights):
+            return None  # _lookahead names the mistake when the candidates are recomputed
+        tap = GradientTap([g.index for g in batch], weights)
+        return tap if tap.usable() else None
+
+    def release_lookahead_tap(self) -> None:
+        """Decline a tap no update has resolved yet. Called before the training thread waits for
+        the background thread, which may be waiting for the tap (grpo/gradient_tap.py)."""
+        tap, self._pending_tap = self._pending_tap, None
+        if tap is not None:
+            tap.decline()
 
     def lookahead_from_snapshot(
         self, snapshot: LookaheadSnapshot, batch: Sequence[Group], weights: Sequence[Sequence[float]]
@@ -331,7 +405,10 @@ class GRPOTrainer:
             for name, param in scratch.named_parameters():
                 if name in snapshot.trainable:
                     param.copy_(snapshot.trainable[name])
-        out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
+        if snapshot.tap is not None and snapshot.tap.wait():
+            out = self._tapped_lookahead(scratch, snapshot.optimizer_state, snapshot.tap)
+        else:
+            out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
         live = self.model.state_dict(keep_vars=True)
         trained = set(snapshot.trainable)
         for state in out:  # frozen tensors: the live ones (never modified), so the writer skips them
@@ -351,12 +428,7 @@ class GRPOTrainer:
         if not batch:
             raise ValueError("lookahead needs a non-empty batch")
         base = self.build_batch(batch, model=model).with_normalisers()  # (B, T); normalisers of the whole batch
-        hyper = LookaheadHyper(
-            lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
-            betas=s.betas,
-            eps=s.adam_eps,
-            weight_decay=s.weight_decay,  # the rule decides whether it decays (SGD does not)
-        )
+        hyper = self._lookahead_hyper()
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         results = []
         for vector in weights:
@@ -370,6 +442,28 @@ class GRPOTrainer:
                 kept = replace(base, sample_weights=row_weights).rows(rows)  # zero-weight rows add exactly 0
                 grads = self._gradients(kept, [p for _, p in named], model)
             clipped = clip_gradients(grads, s.max_grad_norm)
+            by_name = {n: g for (n, _), g in zip(named, clipped)}
+            results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
+        return results
+
+    def _lookahead_hyper(self) -> LookaheadHyper:
+        s = self.settings
+        return LookaheadHyper(
+            lr=s.lookahead_lr if s.lookahead_lr is not None else s.lr,
+            betas=s.betas,
+            eps=s.adam_eps,
+            weight_decay=s.weight_decay,  # the rule decides whether it decays (SGD does not)
+        )
+
+    def _tapped_lookahead(
+        self, model: torch.nn.Module, optimizer_state: dict[str, dict], tap: GradientTap
+    ) -> list[dict[str, torch.Tensor]]:
+        """`_lookahead`'s candidates from a filled tap: the same clipped step, no backward pass."""
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        hyper = self._lookahead_hyper()
+        results = []
+        for candidate in range(tap.candidates):
+            clipped = clip_gradients(tap.candidate_gradient(candidate), self.settings.max_grad_norm)
             by_name = {n: g for (n, _), g in zip(named, clipped)}
             results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
         return results
