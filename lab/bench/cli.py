@@ -50,6 +50,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--control", metavar="LABEL",
                         help="pair every method against this label instead of the spec's control; the report, "
                              "results.json and PNGs then go to OUT/vs-LABEL/ (e.g. --report-only --control l2rr)")
+    parser.add_argument("--restore", type=Path, metavar="RESULTS_JSON",
+                        help="first count the finished runs of a published results.json (docs/results/) as "
+                             "done, where their config is the plan's: a profile that gained rows runs only those "
+                             "(lab/bench/restore.py; restored runs carry no per-step metrics)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_bench)
 
@@ -72,6 +76,16 @@ def run_bench(args: argparse.Namespace) -> int:
         raise BenchSpecError(f"--workers must be >= 1, got {args.workers}")
     workers = args.workers or spec.resolved_workers()
     runs = plan_runs(spec)
+    if args.restore is not None:
+        from lab.bench.restore import restore_runs
+
+        try:
+            restored = restore_runs(args.restore, runs, out)
+        except ValueError as error:
+            raise BenchSpecError(str(error)) from None
+        print(f"bench: restored {len(restored.restored)} runs from {args.restore} "
+              f"({len(restored.already_done)} already done here, {len(restored.other_inputs)} published with "
+              f"another config or testbed: they run again)", file=sys.stderr)
 
     if args.dry_run:
         done = sum(runner.is_done(out, run) for run in runs)

@@ -254,3 +254,29 @@ def test_records_from_before_the_testbed_digest_still_count(tmp_path):
     fake = FakeSimulate()
     runner.run_all(runs, tmp_path, workers=1, command_builder=fake, progress=False)
     assert fake.launched == []
+
+
+def test_restore_counts_published_runs_as_done_and_runs_only_the_new_rows(tmp_path, capsys):
+    """lab/bench/restore.py: a profile that gained a row re-runs only that row; a published run
+    whose config changed since runs again; the restored record says where it came from."""
+    records, _ = run_fake_bench(make_spec(), tmp_path / "first")
+    published = tmp_path / "published.json"
+    records[0] = {**records[0], "config_hash": "0" * 64}  # uniform seed 0: published with another config
+    published.write_text(json.dumps({"runs": records}))
+
+    runs = plan_runs(make_spec(extra_methods=[{"label": "dapo", "policy": "dapo"}]))
+    out = tmp_path / "out"
+    from lab.bench.restore import restore_runs
+
+    outcome = restore_runs(published, runs, out)
+    assert sorted(outcome.restored) == ["default__l2rr__seed0", "default__l2rr__seed1", "default__uniform__seed1"]
+    assert outcome.other_inputs == ["default__uniform__seed0"] and outcome.not_published == 2
+    record = json.loads(runner.record_path(out, runs[1]).read_text())
+    assert record["restored_from"] == str(published) and record["run_dir"] == str(runs[1].run_dir(out))
+    fake = FakeSimulate()
+    runner.run_all(runs, out, workers=1, command_builder=fake, progress=False)
+    assert sorted(fake.launched) == ["default__dapo__seed0", "default__dapo__seed1", "default__uniform__seed0"]
+    assert restore_runs(published, runs, out).already_done  # OUT's own finished runs win
+    with pytest.raises(ValueError, match="no 'runs' list"):
+        (tmp_path / "bad.json").write_text("{}")
+        restore_runs(tmp_path / "bad.json", runs, out)
