@@ -61,10 +61,15 @@ PYTHON = sys.executable
 # They use only interfaces both trees have.
 
 
-ARMS = (  # goal 1's runs: label, the estimator the tree must have (None: any tree), [policy] line
-    ("ablation", None, "learn_q = false"),  # no feedback: the yardstick
-    ("feedback", None, ""),  # the default estimator (lookahead)
-    ("release_difference", "release_difference", 'estimator = "release_difference"'),  # release-only
+ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tree), [policy] line, [grpo] line
+    ("ablation", None, "learn_q = false", ""),  # no feedback: the yardstick
+    ("feedback", None, "", ""),  # the default estimator (lookahead)
+    ("release_difference", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
+     'estimator = "release_difference"', ""),  # release-only
+    # lookahead with its candidates recomputed on the background thread, as before they reused the
+    # update's gradients (trainer_node/grpo/gradient_tap.py): what the reuse saves, side by side
+    ("lookahead_recompute", ("trainer_node/grpo/settings.py", "lookahead_from_update"), "",
+     "lookahead_from_update = false"),
 )
 
 
@@ -75,14 +80,13 @@ def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int =
     (phases, bytes); every round's loop time is in `rounds`, and the report takes the median of
     the per-round ratios."""
     defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
-    estimators = (tree / "trainer_node" / "policies" / "l2rr_estimators.py").read_text()
-    arms = [(label, line) for label, needs, line in ARMS
-            if needs is None or f'"{needs}"' in estimators]  # "today" lacks release_difference
+    arms = [(label, line, grpo) for label, needs, line, grpo in ARMS
+            if needs is None or needs[1] in (tree / needs[0]).read_text()]  # "today" lacks the later arms
     out: dict = {"rounds": []}
     for round_ in range(max(pairs, 1)):
         loops = {}
-        for label, line in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
-            run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, line, steps, seed)
+        for label, line, grpo in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
+            run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, line, steps, seed, grpo)
             loops[label] = run["loop_s"]
             out.setdefault(label, run)
         out["rounds"].append(loops)
@@ -111,10 +115,15 @@ def _run_simulate(tree: Path, run: Path, text: str, steps: int, seed: int) -> tu
     return [r for r in records if "step_seconds" in r], json.loads((run / "summary.json").read_text()), wall
 
 
-def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int) -> dict:
+def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int,
+                   grpo_line: str = "") -> dict:
     text = _simulation_config(defaults)
     if policy_line:
         text = re.sub(r"(?m)^\[policy\]$", f"[policy]\n{policy_line}", text)
+    if grpo_line:
+        if not re.search(r"(?m)^\[grpo\]$", text):
+            text += "\n[grpo]\n"
+        text = re.sub(r"(?m)^\[grpo\]$", f"[grpo]\n{grpo_line}", text)
     steps_, summary, wall = _run_simulate(tree, run, text, steps, seed)
     phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
               if k.startswith("time/") and k.endswith("_s")}
@@ -482,6 +491,9 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
     both(1, "1 background thread, release_difference", lambda d: _background(d["release_difference"]))
     both(1, "1 loop per generated token, release_difference / abl.", lambda d: _per_token_ratio(d, "release_difference"))
+    both(1, "1 loop time, lookahead recomputing candidates / abl.", lambda d: _loop_ratio(d, "lookahead_recompute"),
+         "(before the reuse)")
+    both(1, "1 background thread, lookahead recomputing", lambda d: _background(d["lookahead_recompute"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")

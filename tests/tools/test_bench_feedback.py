@@ -72,3 +72,13 @@ def test_it_measures_the_sampler_the_bytes_and_the_owner_start(tmp_path):
     assert figures["4"]["greso"]["ms_per_round"] > 0
     assert 0 < figures["5"]["cached_start_s"] and figures["5"]["first_start_s"] > 0
     assert "4 l2rr ms/round" in result.stdout and "5 owner start, calibration cached" in result.stdout
+
+
+def test_every_goal1_arm_runs_on_this_tree():
+    """Each arm names a file and a name the tree must have (the "today" tree lacks the later
+    arms); in this tree every one is there, so goal 1 measures all of them side by side."""
+    tool = load_tool()
+    labels = [label for label, *_ in tool.ARMS]
+    assert labels[:2] == ["ablation", "feedback"] and "lookahead_recompute" in labels
+    for _label, needs, _policy, _grpo in tool.ARMS:
+        assert needs is None or needs[1] in (ROOT / needs[0]).read_text()
