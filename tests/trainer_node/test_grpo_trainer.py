@@ -170,6 +170,7 @@ def test_an_update_run_class_by_class_for_a_gradient_tap_is_the_same_update(mode
     assert snapshot.tap is not None and not snapshot.tap.resolved and snapshot.tap.classes == 2
     a, b = plain.update(groups), tapped.update(groups)
     assert snapshot.tap.wait(), "the update filled the tap"
+    assert b["lookahead_tapped"] == 1.0 and "lookahead_tapped" not in a
     assert b["loss"] == pytest.approx(a["loss"], abs=1e-6) and b["entropy"] == pytest.approx(a["entropy"], abs=1e-6)
     x, y = parameters(plain), parameters(tapped)
     assert max(float((x[k] - y[k]).abs().max()) for k in x) < 1e-6

@@ -277,6 +277,8 @@ class GRPOTrainer:
         self.engine.sync_weights()
         count = len(losses)
         out = {"loss": sum(losses) / count, "grad_norm": sum(norms) / count, "update_skipped": 0.0}
+        if tap is not None:
+            out["lookahead_tapped"] = 1.0  # this update's gradients are the query's candidates' (gradient_tap.py)
         out.update({key: value / count for key, value in sums.items()})
         out["adv_abs_mean"] = float(batch.advantages.abs().mean())
         out["train_rollouts"] = float(batch.size)
