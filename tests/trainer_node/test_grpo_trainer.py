@@ -180,6 +180,28 @@ def test_an_update_run_class_by_class_for_a_gradient_tap_is_the_same_update(mode
     assert all(torch.allclose(h, 0.5 * t, atol=1e-7) for h, t in zip(half, total))
 
 
+def test_an_update_that_fails_still_resolves_its_tap(model_dir, monkeypatch):
+    """The background thread waits for the tap: an error in the update must decline it (it would
+    otherwise wait forever), and so must a step that fails before its update."""
+    trainer = make_trainer(model_dir)
+    groups = trainer.sample_and_rollout(0).groups
+    snapshot = trainer.lookahead_snapshot(groups, [[1.0] * len(groups)])
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(trainer, "micro_batch_loss", boom)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.update(groups)
+    assert snapshot.tap.resolved and not snapshot.tap.wait()
+    monkeypatch.undo()
+    snapshot = trainer.lookahead_snapshot(groups, [[1.0] * len(groups)])
+    monkeypatch.setattr(trainer.policy, "before_update", boom)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.train_step()
+    assert snapshot.tap.resolved and not snapshot.tap.wait()
+
+
 def test_no_tap_where_the_update_takes_several_optimizer_steps_or_is_told_not_to(model_dir):
     for settings in (make_settings(mini_batches=2), make_settings(lookahead_from_update=False)):
         trainer = make_trainer(model_dir, settings)

@@ -12,7 +12,10 @@ per cluster for L2RR's one-cluster candidates and for SPSA), then
 
 So the candidates cost no forward or backward pass of their own, only K gradient copies and
 one step rule each; recomputing them (the path this replaces) cost about one more batch of
-backward work on the background thread, beside training (docs/RESULTS.md section 6.5).
+backward work on the background thread, beside training (docs/RESULTS.md section 6.5). The
+price is memory: during the update K class gradients and their sum (K + 1 copies of the trained
+parameters, where a plain update holds one), kept until the candidates are built; an adapter's
+size in a LoRA run, and grpo.lookahead_from_update = false where full-parameter copies do not fit.
 
 Life of a tap: the trainer makes one per snapshot (GRPOTrainer.lookahead_snapshot) and the
 next update fills it, or declines it when it cannot (another batch, a skipped update, several
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-MAX_CLASSES = 32
+MAX_CLASSES = 16
 """More distinct weight patterns than this (per-group weights, not per-cluster): decline, since
 the update would run that many small backward passes and keep that many gradient copies."""
 
@@ -48,6 +51,7 @@ class GradientTap:
         self._ready = threading.Event()
         self._gradients: list[list[torch.Tensor]] | None = None
         self.waited_s = 0.0  # how long wait() blocked: waiting for the update is not candidate building
+        self.names: list[str] = []  # the trainable parameters' names, in the gradients' order
 
     @property
     def classes(self) -> int:
@@ -66,12 +70,17 @@ class GradientTap:
 
     # --- resolution: exactly one of fill / decline, from the training thread -------------------
 
-    def fill(self, gradients: list[list[torch.Tensor]]) -> None:
-        """gradients[k][i]: class k's gradient of trainable parameter i (zeros where it has none)."""
-        if len(gradients) != self.classes:
-            raise ValueError(f"a gradient tap needs {self.classes} class gradients, got {len(gradients)}")
+    def fill(self, names: list[str], gradients: list[list[torch.Tensor]]) -> None:
+        """gradients[k][i]: class k's gradient of trainable parameter names[i] (zeros where it has none)."""
+        if len(gradients) != self.classes or any(len(g) != len(names) for g in gradients):
+            raise ValueError(f"a gradient tap needs {self.classes} class gradients of {len(names)} parameters")
+        self.names = list(names)
         self._gradients = gradients
         self._ready.set()
+
+    def clear(self) -> None:
+        """Drop the class gradients (the candidates are built): K copies of the trained parameters."""
+        self._gradients = None
 
     def decline(self) -> None:
         """The update did not compute these gradients: the candidates are recomputed."""

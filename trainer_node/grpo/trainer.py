@@ -133,13 +133,16 @@ class GRPOTrainer:
         clock = self.clock
         clock.take()  # time between steps belongs to the caller (the loop's hooks time themselves)
 
-        with clock.phase("sampling"):
-            so_far = self.sample_and_rollout(step)                   # sample -> rollout -> reward
-            batch = self.policy.training_groups(step, so_far)        # select
-            self.policy.observe(step, so_far.groups)
-            self.policy.before_update(step, batch, self.feedback)    # feedback phases nest in here
-        with clock.phase("update"):
-            update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
+        try:
+            with clock.phase("sampling"):
+                so_far = self.sample_and_rollout(step)                   # sample -> rollout -> reward
+                batch = self.policy.training_groups(step, so_far)        # select
+                self.policy.observe(step, so_far.groups)
+                self.policy.before_update(step, batch, self.feedback)    # feedback phases nest in here
+            with clock.phase("update"):
+                update_metrics = self.update(batch) if batch else self._skipped_update(step)  # adv -> loss -> update
+        finally:
+            self.release_lookahead_tap()  # a query's tap that no update filled (gradient_tap.py)
 
         self.rollouts_cumulative += so_far.rollouts_generated
         self.step_index += 1
@@ -243,8 +246,15 @@ class GRPOTrainer:
     # ---------------------------------------------------------------- update
     def update(self, groups: Sequence[Group]) -> dict[str, float]:
         """ppo_epochs x mini_batches optimizer steps on the batch, each with grad accumulation."""
-        s = self.settings
         tap, self._pending_tap = self._pending_tap, None
+        try:
+            return self._update(groups, tap)
+        finally:
+            if tap is not None and not tap.resolved:
+                tap.decline()  # an error mid-update: the background thread recomputes, never hangs
+
+    def _update(self, groups: Sequence[Group], tap: GradientTap | None) -> dict[str, float]:
+        s = self.settings
         batch = self.build_batch(groups)
         if tap is not None and not (tap.matches([g.index for g in groups]) and batch.sample_weights is None
                                     and not nothing_kept(batch)):
@@ -303,29 +313,33 @@ class GRPOTrainer:
         tap, and .grad gets their sum, the same gradient up to the order of the additions."""
         full = mini.with_normalisers()
         row_class = tap.row_classes(full.group_ids)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         step_loss = 0.0
         step_metrics: dict[str, float] = {}
         class_grads: list[list[torch.Tensor]] = []
+        used = [False] * len(params)  # a parameter no row's loss reaches keeps .grad None
         for k in range(tap.classes):
             grads = [torch.zeros_like(p) for p in params]
             rows = torch.nonzero(row_class == k).flatten()
             if len(rows):
                 for micro in full.rows(rows).split(self.settings.grad_accum_steps):
                     loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
-                    for total, grad in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
+                    for i, grad in enumerate(torch.autograd.grad(loss, params, allow_unused=True)):
                         if grad is not None:
-                            total.add_(grad)
+                            grads[i].add_(grad)
+                            used[i] = True
                     step_loss += float(loss.detach())
                     for key, value in metrics.items():
                         step_metrics[key] = step_metrics.get(key, 0.0) + value
             class_grads.append(grads)
         for i, param in enumerate(params):
-            total = class_grads[0][i].clone()
-            for grads in class_grads[1:]:
-                total.add_(grads[i])
-            param.grad = total
-        tap.fill(class_grads)
+            if used[i]:
+                total = class_grads[0][i].clone()
+                for grads in class_grads[1:]:
+                    total.add_(grads[i])
+                param.grad = total
+        tap.fill([n for n, _ in named], class_grads)
         return step_loss, step_metrics
 
     def _skipped_update(self, step: int) -> dict[str, float]:
@@ -408,7 +422,10 @@ class GRPOTrainer:
                 if name in snapshot.trainable:
                     param.copy_(snapshot.trainable[name])
         if snapshot.tap is not None and snapshot.tap.wait():
-            out = self._tapped_lookahead(scratch, snapshot.optimizer_state, snapshot.tap)
+            try:
+                out = self._tapped_lookahead(scratch, snapshot.optimizer_state, snapshot.tap)
+            finally:
+                snapshot.tap.clear()  # K gradient copies: not kept through the upload and the owner's wait
         else:
             out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
         live = self.model.state_dict(keep_vars=True)
@@ -461,12 +478,11 @@ class GRPOTrainer:
         self, model: torch.nn.Module, optimizer_state: dict[str, dict], tap: GradientTap
     ) -> list[dict[str, torch.Tensor]]:
         """`_lookahead`'s candidates from a filled tap: the same clipped step, no backward pass."""
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         hyper = self._lookahead_hyper()
         results = []
         for candidate in range(tap.candidates):
             clipped = clip_gradients(tap.candidate_gradient(candidate), self.settings.max_grad_norm)
-            by_name = {n: g for (n, _), g in zip(named, clipped)}
+            by_name = dict(zip(tap.names, clipped))  # the live model's names: the scratch copy's too
             results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
         return results
 
