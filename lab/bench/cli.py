@@ -80,10 +80,11 @@ def run_bench(args: argparse.Namespace) -> int:
         from lab.bench.restore import restore_runs
 
         try:
-            restored = restore_runs(args.restore, runs, out)
+            restored = restore_runs(args.restore, runs, out, write=not args.dry_run)
         except ValueError as error:
             raise BenchSpecError(str(error)) from None
-        print(f"bench: restored {len(restored.restored)} runs from {args.restore} "
+        verb = "would restore" if args.dry_run else "restored"
+        print(f"bench: {verb} {len(restored.restored)} runs from {args.restore} "
               f"({len(restored.already_done)} already done here, {len(restored.other_inputs)} published with "
               f"another config or testbed: they run again)", file=sys.stderr)
 

@@ -48,8 +48,9 @@ def published_runs(results_json: Path) -> dict[str, dict]:
             and isinstance(r.get("summary"), dict) and "id" in r}
 
 
-def restore_runs(results_json: Path, runs: Sequence[PlannedRun], out: Path) -> Restored:
-    """Write the published runs of `runs` into `out` (module docstring); OUT's own finished runs win."""
+def restore_runs(results_json: Path, runs: Sequence[PlannedRun], out: Path, write: bool = True) -> Restored:
+    """Write the published runs of `runs` into `out` (module docstring); OUT's own finished runs win.
+    With write=False (a dry run) only say what would be restored."""
     published = published_runs(results_json)
     outcome = Restored()
     for run in runs:
@@ -60,6 +61,8 @@ def restore_runs(results_json: Path, runs: Sequence[PlannedRun], out: Path) -> R
             outcome.already_done.append(run.run_id)
         elif not runner.same_inputs(record, run):
             outcome.other_inputs.append(run.run_id)
+        elif not write:
+            outcome.restored.append(run.run_id)
         else:
             run_dir = run.run_dir(out)
             run_dir.mkdir(parents=True, exist_ok=True)

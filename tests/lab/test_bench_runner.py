@@ -268,6 +268,8 @@ def test_restore_counts_published_runs_as_done_and_runs_only_the_new_rows(tmp_pa
     out = tmp_path / "out"
     from lab.bench.restore import restore_runs
 
+    assert len(restore_runs(published, runs, out, write=False).restored) == 3
+    assert not (out / "records").exists(), "a dry run writes nothing"
     outcome = restore_runs(published, runs, out)
     assert sorted(outcome.restored) == ["default__l2rr__seed0", "default__l2rr__seed1", "default__uniform__seed1"]
     assert outcome.other_inputs == ["default__uniform__seed0"] and outcome.not_published == 2
