@@ -79,11 +79,12 @@ def lambda_sweep(tb: dict[str, Any], path: Path) -> Path | None:
 
 
 def sampling_share(tb: dict[str, Any], path: Path) -> Path | None:
-    dynamics = next((m["dynamics"] for m in tb["methods"].values()
-                     if m.get("dynamics") and m["group"] == "main"), None)
-    dynamics = dynamics or next((m["dynamics"] for m in tb["methods"].values() if m.get("dynamics")), None)
-    if not dynamics:
+    # the first main row with per-step q (a run restored from a results.json has none), named in the title
+    label = next((name for name, m in tb["methods"].items() if m.get("dynamics") and m["group"] == "main"), None)
+    label = label or next((name for name, m in tb["methods"].items() if m.get("dynamics")), None)
+    if label is None:
         return None
+    dynamics = tb["methods"][label]["dynamics"]
     plt = _plt()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     steps = dynamics["steps"]
@@ -92,7 +93,7 @@ def sampling_share(tb: dict[str, Any], path: Path) -> Path | None:
     for cluster, series in dynamics["waste"].items():
         bottom.plot(steps, series, label=cluster)
     top.set_ylabel("sampling share q")
-    top.set_title(f"L2RR sampler over training ({tb['testbed']}; mean over seeds)")
+    top.set_title(f"L2RR sampler over training: {label} ({tb['testbed']}; mean over seeds)")
     top.legend(fontsize="x-small", ncol=2)
     bottom.set_ylabel("waste counter")
     bottom.set_xlabel("step")
