@@ -464,10 +464,10 @@ class DelayedFeedback:
         return Pending()
 
 
-def _run_async(max_staleness, delay, steps=12, fail=False):
+def _run_async(max_staleness, delay, steps=12, fail=False, **options):
     pool = make_pool(per_cluster=10)
     oracle = FakeOracle(pool, seed=1, rates=np.full(40, 0.5))
-    policy = l2rr(pool, batch_size=8, n=4, max_staleness=max_staleness)
+    policy = l2rr(pool, batch_size=8, n=4, max_staleness=max_staleness, **options)
     owner = DelayedFeedback(feedback({"logic": 1.0}, seed=3, fail=fail), delay)
     history = []
     for step in range(steps):
@@ -509,3 +509,16 @@ def test_a_failed_async_query_counts_and_keeps_q():
     policy, _, _ = _run_async(max_staleness=3, delay=1, fail=True)
     assert policy.logits.tolist() == [0.0] * 4
     assert policy.metrics()["feedback_failures"] >= 1 and policy.metrics()["feedback_queries"] == 0
+
+
+def test_fixed_staleness_makes_the_run_independent_of_the_owners_speed():
+    """fixed_staleness: a release lands exactly max_staleness steps after its query, so an owner
+    that answers in 1 step and one that answers in 3 give the same run; without it they do not."""
+    fast, _, fast_history = _run_async(max_staleness=3, delay=1, fixed_staleness=True)
+    slow, slow_owner, slow_history = _run_async(max_staleness=3, delay=3, fixed_staleness=True)
+    assert fast.q().tolist() == slow.q().tolist() and fast_history == slow_history
+    assert {staleness for _, staleness in fast_history if staleness} == {3.0}
+    assert slow_owner.waited == []  # on time at the bound: nobody waited
+    free_fast, _, _ = _run_async(max_staleness=3, delay=1)
+    free_slow, _, _ = _run_async(max_staleness=3, delay=3)
+    assert free_fast.q().tolist() != free_slow.q().tolist()

@@ -118,6 +118,12 @@ class L2rrOptions(PolicyOptions):
         description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
         "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
     )
+    fixed_staleness: bool = Field(
+        default=False,
+        description="Apply every release exactly max_staleness steps after its query (waiting for it if it "
+        "is late), never when it happens to arrive: the run then does not depend on how fast the owner "
+        "answers, so runs with exact releases reproduce. q is always max_staleness steps behind.",
+    )
 
     @field_validator("estimator")
     @classmethod
@@ -307,7 +313,8 @@ class L2rrPolicy(DataPolicy):
         if query is None:
             return
         age = step - query.step
-        if not (wait or query.pending.ready() or age >= self.options.max_staleness):
+        arrived = query.pending.ready() and not self.options.fixed_staleness  # fixed: its arrival is not read
+        if not (wait or arrived or age >= self.options.max_staleness):
             return
         accuracies = query.pending.result()
         self._in_flight = None
