@@ -185,7 +185,7 @@ class OwnerFeedback:
             try:
                 return [snapshot.base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
             finally:
-                waited = snapshot.tap.waited_s if getattr(snapshot, "tap", None) is not None else 0.0
+                waited = snapshot.tap.waited_s if snapshot.tap is not None else 0.0
                 self.stats.background_candidates_s += time.perf_counter() - started - waited
 
         return self._start(states, len(weights) + 1)

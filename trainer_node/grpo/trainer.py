@@ -320,19 +320,16 @@ class GRPOTrainer:
         class_grads: list[list[torch.Tensor]] = []
         used = [False] * len(params)  # a parameter no row's loss reaches keeps .grad None
         for k in range(tap.classes):
-            grads = [torch.zeros_like(p) for p in params]
             rows = torch.nonzero(row_class == k).flatten()
-            if len(rows):
-                for micro in full.rows(rows).split(self.settings.grad_accum_steps):
-                    loss, metrics = self.micro_batch_loss(micro, with_entropy=True)
-                    for i, grad in enumerate(torch.autograd.grad(loss, params, allow_unused=True)):
-                        if grad is not None:
-                            grads[i].add_(grad)
-                            used[i] = True
-                    step_loss += float(loss.detach())
-                    for key, value in metrics.items():
-                        step_metrics[key] = step_metrics.get(key, 0.0) + value
+            if not len(rows):
+                class_grads.append([torch.zeros_like(p) for p in params])
+                continue
+            grads, reached, loss, metrics = self._accumulated_gradients(full.rows(rows), params, with_entropy=True)
             class_grads.append(grads)
+            used = [a or b for a, b in zip(used, reached)]
+            step_loss += loss
+            for key, value in metrics.items():
+                step_metrics[key] = step_metrics.get(key, 0.0) + value
         for i, param in enumerate(params):
             if used[i]:
                 total = class_grads[0][i].clone()
@@ -490,14 +487,28 @@ class GRPOTrainer:
         self, batch: PolicyBatch, params: list[torch.Tensor], model: torch.nn.Module | None = None
     ) -> list[torch.Tensor]:
         """d loss / d params via autograd.grad, so the live .grad fields are never written."""
+        return self._accumulated_gradients(batch, params, model)[0]
+
+    def _accumulated_gradients(
+        self, batch: PolicyBatch, params: list[torch.Tensor], model: torch.nn.Module | None = None,
+        with_entropy: bool = False,
+    ) -> tuple[list[torch.Tensor], list[bool], float, dict[str, float]]:
+        """Micro-batch by micro-batch with autograd.grad: (gradients, whether any micro-batch reached
+        each parameter, summed loss, summed metrics); the live .grad fields are never written."""
         totals = [torch.zeros_like(p) for p in params]
+        reached = [False] * len(params)
+        loss_sum = 0.0
+        metric_sums: dict[str, float] = {}
         for micro in batch.split(self.settings.grad_accum_steps):
-            loss, _ = self.micro_batch_loss(micro, model=model)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            for total, grad in zip(totals, grads):
+            loss, metrics = self.micro_batch_loss(micro, with_entropy=with_entropy, model=model)
+            for i, grad in enumerate(torch.autograd.grad(loss, params, allow_unused=True)):
                 if grad is not None:
-                    total.add_(grad)
-        return totals
+                    totals[i].add_(grad)
+                    reached[i] = True
+            loss_sum += float(loss.detach())
+            for key, value in metrics.items():
+                metric_sums[key] = metric_sums.get(key, 0.0) + value
+        return totals, reached, loss_sum, metric_sums
 
     # --------------------------------------------------------------- records
     def _record(
