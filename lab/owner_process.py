@@ -9,6 +9,7 @@ no stray processes are left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -56,6 +57,7 @@ def init_owner(
     max_prompt_tokens: int | None = None,
     batch_size: int | None = None,
     feedback_verifier: str | Mapping[str, Any] | None = None,
+    dtype: str | None = None,
 ) -> None:
     """A complete owner folder (what `target-owner-node init DIR` writes), server name localhost.
 
@@ -68,6 +70,7 @@ def init_owner(
     A local owner is stopped with the run, so it skips the drain delay health checkers need.
     `feedback_verifier` sets the owner's data.feedback_verifier (a registered verifier name or an
     options table; the test split stays exact): the run config's simulated_owner.feedback_verifier.
+    `dtype` sets evaluation.dtype (simulated_owner.dtype).
     """
     from target_owner_node.config import load_config
     from target_owner_node.scaffold import init_node
@@ -84,6 +87,10 @@ def init_owner(
     text = re.sub(r"(?m)^drain_delay_s = [0-9.]+", "drain_delay_s = 0.0", text)
     if batch_size is not None:
         text = re.sub(r"(?m)^batch_size = \d+", f"batch_size = {int(batch_size)}", text)
+    if dtype is not None:
+        text, found = re.subn(r"(?m)^\[evaluation\]$", f"[evaluation]\ndtype = {json.dumps(dtype)}", text, count=1)
+        if not found:
+            raise OwnerProcessError(f"no [evaluation] section in {config_path} to set evaluation.dtype in")
     if feedback_verifier is not None:
         from lab.bench.tomlwrite import toml_value
 
@@ -95,6 +102,8 @@ def init_owner(
     config = load_config(config_path)  # the edited file must still be a valid owner config
     if batch_size is not None and config.evaluation.batch_size != batch_size:
         raise OwnerProcessError(f"could not set evaluation.batch_size = {batch_size} in {config_path}")
+    if dtype is not None and config.evaluation.dtype != dtype:
+        raise OwnerProcessError(f"could not set evaluation.dtype = {dtype!r} in {config_path}")
     if feedback_verifier is not None and config.data.feedback_verifier != feedback_verifier:
         raise OwnerProcessError(f"could not set data.feedback_verifier = {feedback_verifier!r} in {config_path}")
 

@@ -149,7 +149,8 @@ class Simulation:
                    sample_rate=opts.sample_rate, planned_releases=opts.planned_releases,
                    max_prompt_tokens=prompt_width(setup.tokenizer, setup.data, setup.template),
                    batch_size=query_batch_size(len(setup.data.feedback), opts.sample_rate, not opts.no_dp),
-                   feedback_verifier=cfg.simulated_owner.feedback_verifier)
+                   feedback_verifier=cfg.simulated_owner.feedback_verifier,
+                   dtype=None if cfg.simulated_owner.dtype == "auto" else cfg.simulated_owner.dtype)
 
         trainer = setup.trainer
         with OwnerProcess(owner_dir) as owner, TargetFeedbackClient(owner.client_settings()) as client:

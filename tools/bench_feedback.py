@@ -18,7 +18,9 @@ one JSON object), so one tree's modules never leak into the other's figures.
    against its no-feedback ablation (policy.learn_q = false), same seed and steps, --pairs
    rounds in rotated order; the training loop's time is the sum of step_seconds. Goal: the
    median ratio <= 1.05. The per-phase split is read from the run's summary (this tree
-   records it).
+   records it). Two more lookahead arms show what stands in the way on 2 cores, where the
+   owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and
+   max_staleness = 16, each against the same ablation.
 2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
    hold, per query, against one full checkpoint of its model); LoRA training, from a real run
    (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
@@ -61,15 +63,20 @@ PYTHON = sys.executable
 # They use only interfaces both trees have.
 
 
-ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tree), [policy] line, [grpo] line
-    ("ablation", None, "learn_q = false", ""),  # no feedback: the yardstick
-    ("feedback", None, "", ""),  # the default estimator (lookahead)
+ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tree), {config section: line}
+    ("ablation", None, {"policy": "learn_q = false"}),  # no feedback: the yardstick
+    ("feedback", None, {}),  # the default estimator (lookahead)
     ("release_difference", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
-     'estimator = "release_difference"', ""),  # release-only
+     {"policy": 'estimator = "release_difference"'}),  # release-only
     # lookahead with its candidates recomputed on the background thread, as before they reused the
     # update's gradients (trainer_node/grpo/gradient_tap.py): what the reuse saves, side by side
-    ("lookahead_recompute", ("trainer_node/grpo/settings.py", "lookahead_from_update"), "",
-     "lookahead_from_update = false"),
+    ("lookahead_recompute", ("trainer_node/grpo/settings.py", "lookahead_from_update"),
+     {"grpo": "lookahead_from_update = false"}),
+    # what stands in goal 1's way on a 2-core box: the owner's scoring (its latency past
+    # max_staleness steps is waited for). The same lookahead with the owner scoring in bfloat16,
+    # and with twice the staleness bound: each removes part of that wait, at a price the table says.
+    ("owner_bfloat16", ("lab/owner_process.py", "evaluation.dtype"), {"simulated_owner": 'dtype = "bfloat16"'}),
+    ("staleness_16", None, {"policy": "max_staleness = 16"}),
 )
 
 
@@ -80,13 +87,13 @@ def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int =
     (phases, bytes); every round's loop time is in `rounds`, and the report takes the median of
     the per-round ratios."""
     defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
-    arms = [(label, line, grpo) for label, needs, line, grpo in ARMS
+    arms = [(label, lines) for label, needs, lines in ARMS
             if needs is None or needs[1] in (tree / needs[0]).read_text()]  # "today" lacks the later arms
     out: dict = {"rounds": []}
     for round_ in range(max(pairs, 1)):
         loops = {}
-        for label, line, grpo in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
-            run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, line, steps, seed, grpo)
+        for label, lines in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
+            run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, lines, steps, seed)
             loops[label] = run["loop_s"]
             out.setdefault(label, run)
         out["rounds"].append(loops)
@@ -115,15 +122,18 @@ def _run_simulate(tree: Path, run: Path, text: str, steps: int, seed: int) -> tu
     return [r for r in records if "step_seconds" in r], json.loads((run / "summary.json").read_text()), wall
 
 
-def _simulate_once(tree: Path, run: Path, defaults: str, policy_line: str, steps: int, seed: int,
-                   grpo_line: str = "") -> dict:
+def arm_config(defaults: str, lines: dict[str, str]) -> str:
+    """simulate's config for one arm: each of its lines goes first in its section (added when missing)."""
     text = _simulation_config(defaults)
-    if policy_line:
-        text = re.sub(r"(?m)^\[policy\]$", f"[policy]\n{policy_line}", text)
-    if grpo_line:
-        if not re.search(r"(?m)^\[grpo\]$", text):
-            text += "\n[grpo]\n"
-        text = re.sub(r"(?m)^\[grpo\]$", f"[grpo]\n{grpo_line}", text)
+    for section, line in lines.items():
+        if not re.search(rf"(?m)^\[{section}\]$", text):
+            text += f"\n[{section}]\n"
+        text = re.sub(rf"(?m)^\[{section}\]$", f"[{section}]\n{line}", text)
+    return text
+
+
+def _simulate_once(tree: Path, run: Path, defaults: str, lines: dict[str, str], steps: int, seed: int) -> dict:
+    text = arm_config(defaults, lines)
     steps_, summary, wall = _run_simulate(tree, run, text, steps, seed)
     phases = {k.removeprefix("time/").removesuffix("_s"): v for k, v in summary.items()
               if k.startswith("time/") and k.endswith("_s")}
@@ -494,6 +504,12 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 loop time, lookahead recomputing candidates / abl.", lambda d: _loop_ratio(d, "lookahead_recompute"),
          "(before the reuse)")
     both(1, "1 background thread, lookahead recomputing", lambda d: _background(d["lookahead_recompute"]))
+    both(1, "1 loop time, lookahead, owner in bfloat16 / abl.", lambda d: _loop_ratio(d, "owner_bfloat16"),
+         "(what the owner's speed costs)")
+    both(1, "1 feedback phases, owner in bfloat16", lambda d: _feedback_share(d["owner_bfloat16"]))
+    both(1, "1 loop time, lookahead, max_staleness 16 / abl.", lambda d: _loop_ratio(d, "staleness_16"),
+         "(what the staleness bound costs)")
+    both(1, "1 feedback phases, max_staleness 16", lambda d: _feedback_share(d["staleness_16"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")
@@ -532,7 +548,8 @@ def _feedback_share(run: dict) -> str:
     if not phases:
         return "not recorded"
     feedback = sum(phases.get(k, 0.0) for k in ("candidates", "upload", "owner_wait"))
-    return f"{feedback / run['loop_s']:.1%} of the loop ({feedback:.1f} s)"
+    return (f"{feedback / run['loop_s']:.1%} of the loop ({feedback:.1f} s, waiting for the owner "
+            f"{phases.get('owner_wait', 0.0):.1f} s)")
 
 
 def _background(run: dict) -> str:

@@ -160,3 +160,20 @@ def test_train_refuses_it(tmp_path):
     config = _tiny_sim_config(tmp_path, tmp_path / "run", "uniform")
     with pytest.raises(ConfigError, match=r"simulated_owner\.feedback_verifier.*Remove it for `train`"):
         run_training(load_train_config(config, {"simulated_owner.feedback_verifier": "noisy_flip"}), progress=False)
+
+
+def test_simulated_owner_dtype_sets_the_owners_evaluation_dtype(tmp_path):
+    """`simulated_owner.dtype` reaches the owner's evaluation.dtype (its worker scores in it);
+    left at 'auto' the owner's config is what it was, and a bad value names the field."""
+    init_owner(tmp_path / "bf16", "small", dp=True, dtype="bfloat16")
+    assert worker_spec(load_config(tmp_path / "bf16" / "config.toml")).dtype == "bfloat16"
+    init_owner(tmp_path / "auto", "small", dp=True)
+    assert load_config(tmp_path / "auto" / "config.toml").evaluation.dtype == "auto"
+    from lab.configs import simulate_defaults_path
+
+    def simulate_config(dtype):
+        return parse_config(with_overrides(load_toml(simulate_defaults_path()), {"simulated_owner.dtype": dtype}))
+
+    assert simulate_config("bfloat16").simulated_owner.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match=r"simulated_owner\.dtype"):
+        simulate_config("int3")

@@ -80,5 +80,22 @@ def test_every_goal1_arm_runs_on_this_tree():
     tool = load_tool()
     labels = [label for label, *_ in tool.ARMS]
     assert labels[:2] == ["ablation", "feedback"] and "lookahead_recompute" in labels
-    for _label, needs, _policy, _grpo in tool.ARMS:
+    for _label, needs, _lines in tool.ARMS:
         assert needs is None or needs[1] in (ROOT / needs[0]).read_text()
+
+
+def test_every_goal1_arm_is_a_valid_simulate_config(tmp_path):
+    """Each arm's lines land in their sections of simulate's defaults, and the result validates
+    with the value the arm sets (a typo would otherwise cost a whole benchmark run)."""
+    import tomllib
+
+    from trainer_node.config import TrainConfig
+
+    tool = load_tool()
+    defaults = (ROOT / "lab" / "configs" / "simulate_default.toml").read_text()
+    for label, _needs, lines in tool.ARMS:
+        table = tomllib.loads(tool.arm_config(defaults, lines))
+        config = TrainConfig.model_validate(table)
+        for section, line in lines.items():
+            key, value = (part.strip() for part in line.split("=", 1))
+            assert getattr(getattr(config, section), key) == tomllib.loads(f"v = {value}")["v"], label

@@ -23,7 +23,7 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 def test_the_tools_are_the_ones_documented():
     assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py",
-                     "gen_protos.py", "summarize_runs.py"]
+                     "bench_owner_scoring.py", "gen_protos.py", "summarize_runs.py"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -78,3 +78,28 @@ def test_bench_owner_runs_a_tiny_case():
     result = run_tool("bench_owner.py", "--size-mb", "1", "--prompts", "4", "--samples", "1", "--max-new-tokens", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "upload over mTLS loopback" in result.stdout and "prompts/s" in result.stdout
+
+
+def test_bench_owner_scoring_names_a_folder_that_is_not_a_run(tmp_path):
+    result = run_tool("bench_owner_scoring.py", str(tmp_path))
+    assert result.returncode == 2 and "owner/config.toml not found" in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_owner_scoring_times_a_runs_checkpoints(tmp_path):
+    """An owner folder as simulate leaves it (init_owner, two stored checkpoints): each is scored
+    through the worker's own code, and the dry run is timed."""
+    import shutil
+
+    from lab.owner_process import init_owner
+    from rlvr_core.models.tiny_policy import random_tiny_policy
+
+    init_owner(tmp_path / "run" / "owner", "small", dp=True)
+    stored = tmp_path / "run" / "owner" / "storage" / "materialized"
+    model = random_tiny_policy(tmp_path / "tiny", ["0123456789+= Answer: abc"], seed=0)
+    for name in ("a", "b"):
+        shutil.copytree(model, stored / name)
+    result = run_tool("bench_owner_scoring.py", str(tmp_path / "run"), "--models", "2", "--rows", "4",
+                      "--dtypes", "float32", "--max-new-tokens", "2", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "float32   scoring one checkpoint: median" in result.stdout and "dry run of a new structure" in result.stdout
