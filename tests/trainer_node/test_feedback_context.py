@@ -117,6 +117,28 @@ def test_async_lookahead_equals_the_synchronous_query_of_the_same_moment(model_d
     assert set(split) == {f"feedback_background/{k}" for k in ("candidates_s", "upload_s", "owner_s", "cpu_s")}
 
 
+def test_a_query_without_the_base_releases_the_candidates_alone(model_dir, tmp_path):
+    """with_base = False (L2RR's lookahead: its estimate is base-free): the live model is neither
+    uploaded nor scored, synchronously or in the background, and the candidates' accuracies are
+    what they are with the base."""
+    trainer = make_trainer(model_dir, make_settings(adam_eps=1e-4))
+    trainer.train_step()
+    groups = trainer.sample_and_rollout(1).groups
+    weights = [[1.0 if i % 2 == 0 else 0.0 for i in range(len(groups))], [1.0] * len(groups)]
+    candidates = trainer.lookahead_state_dicts(groups, weights)
+    full = connect(MemoryOwner(), trainer, tmp_path / "a").evaluate(candidates)
+    owner = MemoryOwner()
+    without = connect(owner, trainer, tmp_path / "b").evaluate(candidates, with_base=False)
+    assert len(full) == 3 and without == pytest.approx(full[1:], abs=1e-7)
+    assert len(owner.checkpoints) == 2, "the base was not uploaded"
+    async_owner = MemoryOwner()
+    feedback = connect(async_owner, trainer, tmp_path / "c")
+    pending = feedback.submit_lookahead(groups, weights, with_base=False)
+    released = pending.result()
+    assert released == pytest.approx(without, abs=1e-7) and len(async_owner.checkpoints) == 2
+    assert feedback.stats.candidates_evaluated == 2
+
+
 def test_one_query_in_flight_and_a_failed_one_returns_none(model_dir, tmp_path):
     trainer = make_trainer(model_dir)
     groups = trainer.sample_and_rollout(0).groups

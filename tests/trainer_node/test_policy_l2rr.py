@@ -295,6 +295,57 @@ def test_lookahead_builds_one_candidate_per_cluster_present():
     assert len(owner.calls[1]["weights"]) == 2
 
 
+def test_lookahead_without_the_base_steps_q_exactly_as_with_it():
+    """The base's accuracy is shared by every difference and L2RR centres the estimate, so a
+    release of the candidates alone moves the logits exactly as the release with the base."""
+    from trainer_node.policies.l2rr_estimators import LookaheadEstimator
+
+    assert LookaheadEstimator.needs_base is False and SpsaEstimator.needs_base is False
+    pool = make_pool(per_cluster=2)
+    batch = [Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 1, 4, 6)]
+    clusters = np.array([0, 0, 2, 3])
+    plan = build_estimator("lookahead", EstimatorSettings()).plan(batch, clusters, np.full(4, 0.25),
+                                                                   np.random.default_rng(0))
+    with_base, without = plan.conclude([0.5, 0.6, 0.3, 0.55]), plan.conclude([0.6, 0.3, 0.55])
+    assert without.grad[without.observed].sum() == pytest.approx(0.0)
+    policies = [l2rr(pool) for _ in range(2)]
+    for policy, estimate in zip(policies, (with_base, without)):
+        policy.apply_hypergradient(estimate)
+    assert policies[0].logits == pytest.approx(policies[1].logits, abs=1e-12)
+    with pytest.raises(ValueError, match="3 candidates"):
+        plan.conclude([0.5, 0.6])
+
+
+class _BaseFreeFeedback:
+    """A context that can leave the base out: records what each query asked for."""
+
+    releases_without_base = True
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, []
+
+    def should_query(self, step):
+        return self.inner.should_query(step)
+
+    def candidates(self, batch, weights):
+        return self.inner.candidates(batch, weights)
+
+    def evaluate(self, candidates, with_base=True):
+        self.asked.append(with_base)
+        released = self.inner.evaluate(candidates)
+        return released if with_base or released is None else released[1:]
+
+
+@pytest.mark.parametrize(("estimator", "release_base", "asked"), [
+    ("lookahead", False, False), ("lookahead", True, True), ("spsa", False, False)])
+def test_l2rr_leaves_the_base_out_where_its_estimator_allows(estimator, release_base, asked):
+    pool = make_pool(per_cluster=10)
+    policy = l2rr(pool, batch_size=8, n=4, estimator=estimator, release_base=release_base, max_staleness=0)
+    owner = _BaseFreeFeedback(feedback({"logic": 1.0}))
+    run_step(policy, 0, FakeOracle(pool, seed=1, rates=np.full(40, 0.5)), owner)
+    assert owner.asked == [asked] and policy.feedback_queries == 1
+
+
 def test_spsa_estimate_paired_perturbation_by_hand():
     pool = make_pool(per_cluster=2)
     batch = [Group(i, pool.clusters[i], rollouts_for(i, [0, 1])) for i in (0, 2, 4, 6)]  # one per cluster

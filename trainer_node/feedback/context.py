@@ -157,10 +157,15 @@ class OwnerFeedback:
         accuracies = self.evaluate([])
         return accuracies[0] if accuracies else None
 
-    def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
-        """One release comparing the live model (first) with candidate parameter sets; waits for it."""
+    releases_without_base = True
+    """`evaluate` and `submit_lookahead` can leave the live model out (policies/base.py send_query)."""
+
+    def evaluate(self, candidates: Sequence[Any], with_base: bool = True) -> list[float] | None:
+        """One release comparing the live model (first) with candidate parameter sets; waits for it.
+        Without the base: the candidates alone."""
         try:
-            ids = self._upload_all([self.trainer.current_state_dict(), *candidates])
+            base = [self.trainer.current_state_dict()] if with_base else []
+            ids = self._upload_all([*base, *candidates], with_base)
         except FeedbackError as err:
             self.stats.failures += 1
             log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
@@ -172,7 +177,8 @@ class OwnerFeedback:
         states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
         return self._start(lambda: states, len(states))
 
-    def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> PendingRelease:
+    def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]],
+                         with_base: bool = True) -> PendingRelease:
         """`submit`, with the lookahead candidates also built in the background, from a snapshot of
         the model and optimizer taken now (GRPOTrainer.lookahead_snapshot), and from the gradients
         of the update that follows where the trainer can tap them (grpo/gradient_tap.py)."""
@@ -183,25 +189,25 @@ class OwnerFeedback:
         def states() -> list[dict[str, Any]]:
             started = time.perf_counter()
             try:
-                return [snapshot.base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
+                return [snapshot.base] * with_base + self.trainer.lookahead_from_snapshot(snapshot, batch, weights)
             finally:
                 waited = snapshot.tap.waited_s if snapshot.tap is not None else 0.0
                 self.stats.background_candidates_s += time.perf_counter() - started - waited
 
-        return self._start(states, len(weights) + 1)
+        return self._start(states, len(weights) + with_base, with_base)
 
     def _check_idle(self) -> None:
         if self._outstanding is not None:
             raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
 
-    def _start(self, states: Any, count: int) -> PendingRelease:
+    def _start(self, states: Any, count: int, with_base: bool = True) -> PendingRelease:
         self._check_idle()
         with self._upload_lock:
             self._writer_for()  # built here, from the model as it is, not while the next step trains
         step, decoding = self._step, self._query_decoding(self._step)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-feedback")
-        future = self._executor.submit(self._background_query, states, decoding)
+        future = self._executor.submit(self._background_query, states, decoding, with_base)
         self._outstanding = PendingRelease(self, future, step, count)
         return self._outstanding
 
@@ -251,8 +257,8 @@ class OwnerFeedback:
         decoding.seed = self.decoding.seed + step  # fresh seed per query, shared by candidates
         return decoding
 
-    def _upload_all(self, states: Sequence[dict[str, Any]]) -> list[str]:
-        labels = ["base"] + [f"cand{i}" for i in range(len(states) - 1)]
+    def _upload_all(self, states: Sequence[dict[str, Any]], with_base: bool = True) -> list[str]:
+        labels = ["base"] * with_base + [f"cand{i}" for i in range(len(states) - with_base)]
         with self._upload_lock, self._phase("upload"):
             before = self.stats.uploaded_bytes
             ids = [self._write_and_upload(state, label) for state, label in zip(states, labels)]
@@ -277,20 +283,20 @@ class OwnerFeedback:
             writer.discard(written)
         return checkpoint_id
 
-    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings):
+    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings, with_base: bool = True):
         """On the background thread: (ids, response), or the FeedbackError that ended the query."""
         _BACKGROUND.active = True
         cpu_started = time.thread_time()
         try:
-            return self._background_work(make_states, decoding)
+            return self._background_work(make_states, decoding, with_base)
         finally:
             self.stats.background_cpu_s += time.thread_time() - cpu_started
 
-    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings):
+    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings, with_base: bool = True):
         states = make_states()
         started = time.perf_counter()
         try:
-            ids = self._upload_all(states)
+            ids = self._upload_all(states, with_base)
         except FeedbackError as err:
             return err
         finally:

@@ -118,6 +118,13 @@ class L2rrOptions(PolicyOptions):
         description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
         "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
     )
+    release_base: bool = Field(
+        default=False,
+        description="Score the live model in every lookahead (and SPSA) release beside the candidates. Their "
+        "estimates use only differences between candidates, so the base is left out by default: one "
+        "checkpoint fewer per query to upload and score, and less epsilon per release. true reproduces "
+        "runs from before it was left out.",
+    )
     fixed_staleness: bool = Field(
         default=False,
         description="Apply every release exactly max_staleness steps after its query (waiting for it if it "
@@ -302,7 +309,8 @@ class L2rrPolicy(DataPolicy):
         if not feedback.should_query(step):
             return
         plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
-        pending = send_query(feedback, batch, plan.weights, asynchronous=self.options.max_staleness > 0)
+        pending = send_query(feedback, batch, plan.weights, asynchronous=self.options.max_staleness > 0,
+                             with_base=self.options.release_base or self.estimator.needs_base)
         self._in_flight = InFlightQuery(step, plan, pending)
         self.collect_feedback(step)  # synchronous (max_staleness = 0): applied in this step
 

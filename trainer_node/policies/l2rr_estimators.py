@@ -70,7 +70,8 @@ class QueryPlan:
     weights: list[list[float]]
     """One group-weight vector per candidate (len(batch) entries each)."""
     conclude: Callable[[Sequence[float]], HypergradientEstimate]
-    """Released accuracies [base, *candidates] -> the estimate (raises ValueError on a wrong length)."""
+    """Released accuracies [base, *candidates] (or [*candidates] for an estimator that does not
+    need the base) -> the estimate (raises ValueError on a wrong length)."""
 
 
 class HypergradientEstimator(ABC):
@@ -78,6 +79,9 @@ class HypergradientEstimator(ABC):
     needs_candidates: ClassVar[bool] = True
     """Its queries carry lookahead candidates (extra training passes of the engine); False: only
     releases of the current model, which any engine can offer."""
+    needs_base: ClassVar[bool] = True
+    """Its estimate reads the live model's accuracy beside the candidates'; False: only differences
+    between candidates, so a query may leave the base out (`conclude` takes either release)."""
 
     def __init__(self, settings: EstimatorSettings):
         self.settings = settings
@@ -162,7 +166,13 @@ def _released(accuracies: Sequence[float], candidates: int, base_optional: bool 
 
 @ESTIMATORS.register("lookahead")
 class LookaheadEstimator(HypergradientEstimator):
-    """Per-cluster one-step lookahead: a paired finite difference per cluster."""
+    """Per-cluster one-step lookahead: a paired finite difference per cluster.
+
+    L2RR centres the estimate over the clusters it observed, so the base's accuracy, shared by
+    every difference, cancels: the base need not be scored (needs_base = False). Without it the
+    estimate is the candidates' accuracies centred, the same vector L2RR steps along."""
+
+    needs_base = False
 
     def plan(self, batch, batch_clusters, q, rng):
         present = np.unique(batch_clusters)
@@ -174,9 +184,12 @@ class LookaheadEstimator(HypergradientEstimator):
         ]
 
         def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
-            values = _released(accuracies, len(weights))
+            values = _released(accuracies, len(weights), base_optional=True)
             grad = np.zeros(len(q))
-            grad[present] = values[1:] - values[0]
+            if len(values) > len(weights):
+                grad[present] = values[1:] - values[0]
+            else:
+                grad[present] = values - values.mean()
             observed = np.zeros(len(q), dtype=bool)
             observed[present] = True
             return HypergradientEstimate(grad, observed)
@@ -187,6 +200,8 @@ class LookaheadEstimator(HypergradientEstimator):
 @ESTIMATORS.register("spsa")
 class SpsaEstimator(HypergradientEstimator):
     """Simultaneous-perturbation estimate from one paired (+, -) candidate query."""
+
+    needs_base = False  # a paired difference of its two candidates
 
     def __init__(self, settings: EstimatorSettings):
         super().__init__(settings)
