@@ -37,6 +37,11 @@ log = logging.getLogger("trainer_node.feedback")
 _BACKGROUND = threading.local()  # .active on the background query thread (no phase clock there)
 
 
+def _labels(candidates: int, with_base: bool) -> list[str]:
+    """Upload labels for one query: the live model first when it is released too."""
+    return (["base"] if with_base else []) + [f"cand{i}" for i in range(candidates)]
+
+
 class OwnerClient(Protocol):
     """What the feedback pieces ask of a transport to the owner. TargetFeedbackClient (gRPC +
     mTLS) is one; another transport (e.g. Flower) plugs in under the same five calls, raising
@@ -165,7 +170,7 @@ class OwnerFeedback:
         Without the base: the candidates alone."""
         try:
             base = [self.trainer.current_state_dict()] if with_base else []
-            ids = self._upload_all([*base, *candidates], with_base)
+            ids = self._upload_all([*base, *candidates], _labels(len(candidates), with_base))
         except FeedbackError as err:
             self.stats.failures += 1
             log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
@@ -175,7 +180,7 @@ class OwnerFeedback:
     def submit(self, candidates: Sequence[Any]) -> PendingRelease:
         """`evaluate`, in the background: training goes on while the owner scores (module docstring)."""
         states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
-        return self._start(lambda: states, len(states))
+        return self._start(lambda: states, _labels(len(candidates), with_base=True))
 
     def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]],
                          with_base: bool = True) -> PendingRelease:
@@ -189,26 +194,27 @@ class OwnerFeedback:
         def states() -> list[dict[str, Any]]:
             started = time.perf_counter()
             try:
-                return [snapshot.base] * with_base + self.trainer.lookahead_from_snapshot(snapshot, batch, weights)
+                base = [snapshot.base] if with_base else []
+                return [*base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
             finally:
                 waited = snapshot.tap.waited_s if snapshot.tap is not None else 0.0
                 self.stats.background_candidates_s += time.perf_counter() - started - waited
 
-        return self._start(states, len(weights) + with_base, with_base)
+        return self._start(states, _labels(len(weights), with_base))
 
     def _check_idle(self) -> None:
         if self._outstanding is not None:
             raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
 
-    def _start(self, states: Any, count: int, with_base: bool = True) -> PendingRelease:
+    def _start(self, states: Any, labels: list[str]) -> PendingRelease:
         self._check_idle()
         with self._upload_lock:
             self._writer_for()  # built here, from the model as it is, not while the next step trains
         step, decoding = self._step, self._query_decoding(self._step)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-feedback")
-        future = self._executor.submit(self._background_query, states, decoding, with_base)
-        self._outstanding = PendingRelease(self, future, step, count)
+        future = self._executor.submit(self._background_query, states, decoding, labels)
+        self._outstanding = PendingRelease(self, future, step, len(labels))
         return self._outstanding
 
     def release_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[float] | None:
@@ -257,11 +263,10 @@ class OwnerFeedback:
         decoding.seed = self.decoding.seed + step  # fresh seed per query, shared by candidates
         return decoding
 
-    def _upload_all(self, states: Sequence[dict[str, Any]], with_base: bool = True) -> list[str]:
-        labels = ["base"] * with_base + [f"cand{i}" for i in range(len(states) - with_base)]
+    def _upload_all(self, states: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
         with self._upload_lock, self._phase("upload"):
             before = self.stats.uploaded_bytes
-            ids = [self._write_and_upload(state, label) for state, label in zip(states, labels)]
+            ids = [self._write_and_upload(state, label) for state, label in zip(states, labels, strict=True)]
             self.stats.query_uploaded_bytes += self.stats.uploaded_bytes - before
             self._writer_for().prune_blobs(keep=set())  # the owner holds them now
         return ids
@@ -283,20 +288,20 @@ class OwnerFeedback:
             writer.discard(written)
         return checkpoint_id
 
-    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings, with_base: bool = True):
+    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings, labels: list[str]):
         """On the background thread: (ids, response), or the FeedbackError that ended the query."""
         _BACKGROUND.active = True
         cpu_started = time.thread_time()
         try:
-            return self._background_work(make_states, decoding, with_base)
+            return self._background_work(make_states, decoding, labels)
         finally:
             self.stats.background_cpu_s += time.thread_time() - cpu_started
 
-    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings, with_base: bool = True):
+    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings, labels: list[str]):
         states = make_states()
         started = time.perf_counter()
         try:
-            ids = self._upload_all(states, with_base)
+            ids = self._upload_all(states, labels)
         except FeedbackError as err:
             return err
         finally:
