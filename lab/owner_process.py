@@ -9,6 +9,7 @@ no stray processes are left behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -29,6 +30,14 @@ LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 class OwnerProcessError(RuntimeError):
     """The owner process failed to start, or died."""
+
+
+def _child_setup(nice: int) -> None:
+    """In the owner's child before exec: `nice` (inherited by its scoring worker), and
+    _die_with_parent. One prctl and one nice call, no locks: safe after fork."""
+    if nice:
+        os.nice(nice)
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:
@@ -120,9 +129,14 @@ def query_batch_size(heldout_size: int, sample_rate: float, dp: bool) -> int:
 class OwnerProcess:
     """`target-owner-node serve` on a free loopback port, as a context manager."""
 
-    def __init__(self, directory: Path, startup_timeout_s: float = 120.0):
+    def __init__(self, directory: Path, startup_timeout_s: float = 120.0, nice: int = 0):
+        """`nice` lowers the owner's CPU priority (its server and worker): on a machine the
+        trainer shares, the owner then computes on what the trainer leaves idle."""
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be in 0..19, got {nice}")
         self.directory = Path(directory)
         self.startup_timeout_s = startup_timeout_s
+        self.nice = nice
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._stderr_tail: deque[str] = deque(maxlen=40)
@@ -143,7 +157,7 @@ class OwnerProcess:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # our Ctrl-C does not hit it first; we stop it in order
-            preexec_fn=_die_with_parent,  # noqa: PLW1509  one prctl call, no locks: safe after fork
+            preexec_fn=functools.partial(_child_setup, self.nice),  # noqa: PLW1509  see _child_setup
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout_s

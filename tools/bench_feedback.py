@@ -20,7 +20,8 @@ one JSON object), so one tree's modules never leak into the other's figures.
    median ratio <= 1.05. The per-phase split is read from the run's summary (this tree
    records it). Two more lookahead arms show what stands in the way on 2 cores, where the
    owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and
-   max_staleness = 16, each against the same ablation.
+   max_staleness = 16, each against the same ablation; and one shows what the owner's lowered
+   CPU priority ([simulated_owner] nice, default 10) buys: the owner at nice 0.
 2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
    hold, per query, against one full checkpoint of its model); LoRA training, from a real run
    (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
@@ -77,6 +78,9 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     # and with twice the staleness bound: each removes part of that wait, at a price the table says.
     ("owner_bfloat16", ("lab/owner_process.py", "evaluation.dtype"), {"simulated_owner": 'dtype = "bfloat16"'}),
     ("staleness_16", None, {"policy": "max_staleness = 16"}),
+    # the simulated owner at the trainer's CPU priority (the default lowers it: [simulated_owner] nice):
+    # what sharing the cores on equal terms costs the training loop
+    ("owner_nice0", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 0"}),
 )
 
 
@@ -510,6 +514,9 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 loop time, lookahead, max_staleness 16 / abl.", lambda d: _loop_ratio(d, "staleness_16"),
          "(what the staleness bound costs)")
     both(1, "1 feedback phases, max_staleness 16", lambda d: _feedback_share(d["staleness_16"]))
+    both(1, "1 loop time, lookahead, owner not niced / abl.", lambda d: _loop_ratio(d, "owner_nice0"),
+         "(what equal CPU priority costs)")
+    both(1, "1 feedback phases, owner not niced", lambda d: _feedback_share(d["owner_nice0"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")

@@ -462,6 +462,14 @@ class SimulatedOwnerConfig(Section):
         "on a CPU with AMX and changes the owner's numbers slightly (its test-split measurements too).",
     )
 
+    nice: int = Field(
+        default=10, ge=0, le=19,
+        description="The simulated owner's CPU priority, as for nice(1), applied to its server and scoring worker. "
+        "It stands in for an owner on its own machine, so by default (10) it computes on what the trainer leaves "
+        "idle instead of slowing the training loop it shares the cores with; a release may then arrive a little "
+        "later. 0: the trainer's priority (what runs before this option had).",
+    )
+
     @field_validator("feedback_verifier")
     @classmethod
     def _verifier(cls, spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:

@@ -177,3 +177,30 @@ def test_simulated_owner_dtype_sets_the_owners_evaluation_dtype(tmp_path):
     assert simulate_config("bfloat16").simulated_owner.dtype == "bfloat16"
     with pytest.raises(ConfigError, match=r"simulated_owner\.dtype"):
         simulate_config("int3")
+
+
+def test_simulated_owner_nice_lowers_the_owner_process_priority(tmp_path):
+    """`simulated_owner.nice` (default 10) is applied in the owner's child before exec, so its
+    server and the worker it spawns inherit it; a bad value names the field and starts nothing."""
+    import functools
+    import os
+    import subprocess
+    import sys
+
+    from lab.configs import simulate_defaults_path
+    from lab.owner_process import OwnerProcess, _child_setup
+
+    def simulate_config(nice):
+        return parse_config(with_overrides(load_toml(simulate_defaults_path()), {"simulated_owner.nice": nice}))
+
+    assert resolve_config(SimulateOptions()).simulated_owner.nice == 10
+    assert simulate_config(0).simulated_owner.nice == 0
+    for bad in (-1, 20, "low"):
+        with pytest.raises(ConfigError, match=r"simulated_owner\.nice"):
+            simulate_config(bad)
+    with pytest.raises(ValueError, match="nice must be in 0..19"):
+        OwnerProcess(tmp_path, nice=20)
+    ours = os.nice(0)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True,
+                           check=True, preexec_fn=functools.partial(_child_setup, 5))
+    assert int(child.stdout) == min(ours + 5, 19)
