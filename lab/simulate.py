@@ -153,7 +153,8 @@ class Simulation:
                    dtype=None if cfg.simulated_owner.dtype == "auto" else cfg.simulated_owner.dtype)
 
         trainer = setup.trainer
-        with OwnerProcess(owner_dir, nice=cfg.simulated_owner.nice) as owner, TargetFeedbackClient(owner.client_settings()) as client:
+        with (OwnerProcess(owner_dir, nice=cfg.simulated_owner.nice) as owner,
+              TargetFeedbackClient(owner.client_settings()) as client):
             feedback = connect_feedback(setup, client, self.run_dir)
             selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)
                         if cfg.selection.every else None)
