@@ -120,7 +120,7 @@ class FederatedSimulation(Simulation):
                            max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template),
                            feedback_verifier=cfg.simulated_owner.feedback_verifier)  # every owner's, alike
                 processes[name] = OwnerProcess(folder / "node", startup_timeout_s=fed.startup_timeout_s,
-                                                nice=cfg.simulated_owner.nice)
+                                                **cfg.simulated_owner.process_priority())
                 processes[name].start()
             outcome = self._federate(setup, processes, specs)
         finally:

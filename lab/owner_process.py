@@ -32,10 +32,15 @@ class OwnerProcessError(RuntimeError):
     """The owner process failed to start, or died."""
 
 
-def _child_setup(nice: int) -> None:
-    """In the owner's child before exec: `nice` (inherited by its scoring worker), and
-    _die_with_parent. One prctl and one nice call, no locks: safe after fork."""
-    if nice:
+def _child_setup(nice: int, idle: bool = False) -> None:
+    """In the owner's child before exec: its CPU priority (inherited by its scoring worker), and
+    _die_with_parent. `idle`: SCHED_IDLE where the platform has it (Linux), else nice 19; otherwise
+    `nice`. A few system calls, no locks: safe after fork."""
+    if idle and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif idle:
+        os.nice(19)
+    elif nice:
         os.nice(nice)
     _die_with_parent()
 
@@ -129,14 +134,16 @@ def query_batch_size(heldout_size: int, sample_rate: float, dp: bool) -> int:
 class OwnerProcess:
     """`target-owner-node serve` on a free loopback port, as a context manager."""
 
-    def __init__(self, directory: Path, startup_timeout_s: float = 120.0, nice: int = 0):
-        """`nice` lowers the owner's CPU priority (its server and worker): on a machine the
-        trainer shares, the owner then computes on what the trainer leaves idle."""
+    def __init__(self, directory: Path, startup_timeout_s: float = 120.0, nice: int = 0, idle: bool = False):
+        """`nice` lowers the owner's CPU priority (its server and worker), and `idle` lowers it
+        to the least there is (SCHED_IDLE, overriding `nice`): on a machine the trainer shares,
+        the owner then computes on what the trainer leaves idle."""
         if not 0 <= nice <= 19:
             raise ValueError(f"nice must be in 0..19, got {nice}")
         self.directory = Path(directory)
         self.startup_timeout_s = startup_timeout_s
         self.nice = nice
+        self.idle = bool(idle)
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._stderr_tail: deque[str] = deque(maxlen=40)
@@ -157,7 +164,7 @@ class OwnerProcess:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # our Ctrl-C does not hit it first; we stop it in order
-            preexec_fn=functools.partial(_child_setup, self.nice),  # noqa: PLW1509  see _child_setup
+            preexec_fn=functools.partial(_child_setup, self.nice, self.idle),  # noqa: PLW1509  see _child_setup
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout_s

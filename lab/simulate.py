@@ -153,7 +153,7 @@ class Simulation:
                    dtype=None if cfg.simulated_owner.dtype == "auto" else cfg.simulated_owner.dtype)
 
         trainer = setup.trainer
-        with (OwnerProcess(owner_dir, nice=cfg.simulated_owner.nice) as owner,
+        with (OwnerProcess(owner_dir, **cfg.simulated_owner.process_priority()) as owner,
               TargetFeedbackClient(owner.client_settings()) as client):
             feedback = connect_feedback(setup, client, self.run_dir)
             selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)

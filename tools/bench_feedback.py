@@ -17,11 +17,13 @@ one JSON object), so one tree's modules never leak into the other's figures.
    cadence) with each estimator the tree has (lookahead, the default; release_difference)
    against its no-feedback ablation (policy.learn_q = false), same seed and steps, --pairs
    rounds in rotated order; the training loop's time is the sum of step_seconds. Goal: the
-   median ratio <= 1.05. The per-phase split is read from the run's summary (this tree
-   records it). Two more lookahead arms show what stands in the way on 2 cores, where the
-   owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and
-   max_staleness = 16, each against the same ablation; and one shows what the owner's lowered
-   CPU priority ([simulated_owner] nice, default 10) buys: the owner at nice 0.
+   median ratio <= 1.05; beside it the geometric mean of the per-round ratios with its paired
+   95% t-interval. The per-phase split is read from the run's summary (this tree records it).
+   Two more lookahead arms show what stands in the way on 2 cores, where the owner scores
+   beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and max_staleness = 16,
+   each against the same ablation; and two show what the owner's CPU priority does ([simulated_owner]
+   nice, default 10): the owner at nice 0, and under SCHED_IDLE (scheduler = "idle"). `--arms`
+   runs a subset beside the ablation.
 2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
    hold, per query, against one full checkpoint of its model); LoRA training, from a real run
    (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
@@ -78,22 +80,26 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     # and with twice the staleness bound: each removes part of that wait, at a price the table says.
     ("owner_bfloat16", ("lab/owner_process.py", "evaluation.dtype"), {"simulated_owner": 'dtype = "bfloat16"'}),
     ("staleness_16", None, {"policy": "max_staleness = 16"}),
-    # the simulated owner at the trainer's CPU priority (the default lowers it: [simulated_owner] nice):
-    # what sharing the cores on equal terms costs the training loop
+    # the simulated owner's CPU priority (the default lowers it: [simulated_owner] nice = 10): at the
+    # trainer's own priority, what sharing the cores on equal terms costs the training loop, and
+    # at the least priority there is (SCHED_IDLE), what starving it costs
     ("owner_nice0", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 0"}),
+    ("owner_idle", ("trainer_node/config.py", "CPU scheduling policy"), {"simulated_owner": 'scheduler = "idle"'}),
 )
 
 
-def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int = 1) -> dict:
+def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int = 1,
+                     only: set[str] | None = None) -> dict:
     """Goal 1 and the measured half of goal 2: L2RR with feedback (each estimator the tree has)
     and its learn_q = false ablation, `pairs` rounds, the arms' order rotated each round so that
     load drifting on a shared machine hits every arm alike. The first round's runs are kept whole
     (phases, bytes); every round's loop time is in `rounds`, and the report takes the median of
-    the per-round ratios."""
+    the per-round ratios. `only`: the arms to run (the ablation always runs); None: all."""
     defaults = (tree / "lab" / "configs" / "simulate_default.toml").read_text()
     arms = [(label, lines) for label, needs, lines in ARMS
-            if needs is None or needs[1] in (tree / needs[0]).read_text()]  # "today" lacks the later arms
-    out: dict = {"rounds": []}
+            if (needs is None or needs[1] in (tree / needs[0]).read_text())  # "today" lacks the later arms
+            and (only is None or label == "ablation" or label in only)]
+    out: dict = {"rounds": []} | ({"only": sorted(only)} if only is not None else {})
     for round_ in range(max(pairs, 1)):
         loops = {}
         for label, lines in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
@@ -452,7 +458,7 @@ def run_goal(goal: int, tree: Path, args: argparse.Namespace, python: str = PYTH
     command = [python, str(Path(__file__).resolve()), "--measure", str(goal), "--tree", str(tree),
                "--steps", str(args.steps), "--seed", str(args.seed), "--pool", str(args.pool),
                "--rounds", str(args.rounds), "--pairs", str(args.pairs), "--size-mb", str(args.size_mb),
-               "--policies", args.policies, "--lora-steps", str(args.lora_steps)] + (["--lora-upload"] if args.lora_upload else [])
+               "--policies", args.policies, "--lora-steps", str(args.lora_steps), "--arms", args.arms] + (["--lora-upload"] if args.lora_upload else [])
     started = time.perf_counter()
     done = subprocess.run(command, check=False, cwd=tree, env=_env(tree), capture_output=True, text=True)
     if done.returncode != 0:
@@ -460,12 +466,24 @@ def run_goal(goal: int, tree: Path, args: argparse.Namespace, python: str = PYTH
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "seconds": time.perf_counter() - started}
 
 
+def chosen_arms(spec: str) -> set[str] | None:
+    """--arms: None for "all", else the labels; an unknown one is an error naming the known ones."""
+    if spec.strip() == "all":
+        return None
+    labels = {label.strip() for label in spec.split(",") if label.strip()}
+    known = [label for label, *_ in ARMS]
+    unknown = sorted(labels - set(known))
+    if unknown:
+        raise SystemExit(f"--arms: unknown arm {unknown[0]!r}; the arms are {', '.join(known)} (or all)")
+    return labels
+
+
 def measure(goal: int, args: argparse.Namespace) -> dict:
     tree = Path(args.tree)
     with tempfile.TemporaryDirectory(prefix="bench-feedback-") as tmp:
         work = Path(tmp)
         if goal == 1:
-            return measure_simulate(tree, work, args.steps, args.seed, args.pairs)
+            return measure_simulate(tree, work, args.steps, args.seed, args.pairs, chosen_arms(args.arms))
         if goal == 2:
             return measure_bytes(tree, work, args.lora_steps, args.seed, args.lora_upload)
         if goal == 3:
@@ -517,6 +535,9 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 loop time, lookahead, owner not niced / abl.", lambda d: _loop_ratio(d, "owner_nice0"),
          "(what equal CPU priority costs)")
     both(1, "1 feedback phases, owner not niced", lambda d: _feedback_share(d["owner_nice0"]))
+    both(1, "1 loop time, lookahead, owner SCHED_IDLE / abl.", lambda d: _loop_ratio(d, "owner_idle"),
+         "(what starving the owner costs)")
+    both(1, "1 feedback phases, owner SCHED_IDLE", lambda d: _feedback_share(d["owner_idle"]))
     both(1, "2 full-param: bytes/query / checkpoint (tiny)", lambda d: _bytes_per_query(d), "(reported)")
     both(2, "2 Qwen2-1.5B bf16: LoRA r16 bytes/query / ckpt", lambda d: _lora_share(d), "<= 10%")
     both(2, "2 LoRA r16 run: bytes/query / checkpoint (tiny)", lambda d: _lora_run_share(d), "(reported)")
@@ -539,7 +560,7 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
 def _loop_ratio(data: dict, arm: str) -> str:
     """The median over rounds of (loop with feedback / loop without), with every round's ratio."""
     if arm not in data:
-        return "not in this tree"
+        return "not run (--arms)" if arm not in data.get("only", [arm]) else "not in this tree"
     rounds = [r for r in data.get("rounds") or [{arm: data[arm]["loop_s"], "ablation": data["ablation"]["loop_s"]}]
               if arm in r and "ablation" in r]
     ratios = sorted(r[arm] / r["ablation"] for r in rounds)
@@ -547,7 +568,23 @@ def _loop_ratio(data: dict, arm: str) -> str:
     median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
     run = data[arm]
     each = ", ".join(f"{r[arm]:.0f}/{r['ablation']:.0f}" for r in rounds)
-    return f"{median:.2f}x median of {len(ratios)} ({each} s; {run['steps']} steps, {run['queries']} queries)"
+    interval = paired_interval(ratios)
+    mean = f"; geometric mean {interval[0]:.2f}x [{interval[1]:.2f}, {interval[2]:.2f}]" if interval else ""
+    return (f"{median:.2f}x median of {len(ratios)}{mean} ({each} s; {run['steps']} steps, "
+            f"{run['queries']} queries)")
+
+
+def paired_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """The geometric mean of per-round ratios and its t-interval (each round pairs an arm with the
+    ablation run beside it, so the pair's ratio is one observation); None under two rounds."""
+    import math
+
+    from lab.bench.stats import t_interval
+
+    if len(ratios) < 2:
+        return None
+    logs = t_interval([math.log(r) for r in ratios], confidence)
+    return math.exp(logs.mean), math.exp(logs.low), math.exp(logs.high)
 
 
 def _feedback_share(run: dict) -> str:
@@ -636,7 +673,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="goal 1: simulate steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pairs", type=int, default=3,
-                        help="goal 1: rounds of (ablation, lookahead, release_difference) runs; median ratio")
+                        help="goal 1: rounds of runs of every arm (the ablation and --arms); median ratio")
+    parser.add_argument("--arms", default="all",
+                        help="goal 1: comma-separated arms to run beside the ablation, or all: "
+                        + ", ".join(label for label, *_ in ARMS[1:]))
     parser.add_argument("--pool", type=int, default=10_000_000, help="goal 4: prompts in the pool")
     parser.add_argument("--rounds", type=int, default=5, help="goal 4: timed steps per policy")
     parser.add_argument("--policies", default="l2rr,greso", help="goal 4: policies to time")
@@ -648,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    chosen_arms(args.arms)  # a typo fails here, not after an hour of runs
     if args.measure:
         print(json.dumps(measure(args.measure, args)))
         return 0

@@ -467,8 +467,20 @@ class SimulatedOwnerConfig(Section):
         description="The simulated owner's CPU priority, as for nice(1), applied to its server and scoring worker. "
         "It stands in for an owner on its own machine, so by default (10) it computes on what the trainer leaves "
         "idle instead of slowing the training loop it shares the cores with; a release may then arrive a little "
-        "later. 0: the trainer's priority (what runs before this option had).",
+        "later. 0: the trainer's priority (what runs before this option had). Used when scheduler = 'normal'.",
     )
+
+    scheduler: Literal["normal", "idle"] = Field(
+        default="normal",
+        description="The simulated owner's CPU scheduling policy, for its server and scoring worker. 'normal': "
+        "the usual policy, at priority `nice`. 'idle' (Linux SCHED_IDLE; elsewhere nice 19, overriding `nice`): "
+        "it runs only on CPU time the trainer leaves idle. On 2 cores that starves it past the staleness bound, "
+        "so the trainer waits for it (docs/RESULTS.md 6.11): the default stays 'normal'.",
+    )
+
+    def process_priority(self) -> dict[str, Any]:
+        """lab.owner_process.OwnerProcess's `nice` and `idle`, as this section sets them."""
+        return {"nice": self.nice, "idle": self.scheduler == "idle"}
 
     @field_validator("feedback_verifier")
     @classmethod

@@ -204,3 +204,37 @@ def test_simulated_owner_nice_lowers_the_owner_process_priority(tmp_path):
     child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True,
                            check=True, preexec_fn=functools.partial(_child_setup, 5))
     assert int(child.stdout) == min(ours + 5, 19)
+
+
+def test_simulated_owner_scheduler_idle_runs_the_owner_under_sched_idle(tmp_path):
+    """`simulated_owner.scheduler = "idle"` puts the owner's child under SCHED_IDLE before exec,
+    overriding `nice`; the default, "normal", keeps the usual policy at `nice`; a bad value names
+    the field."""
+    import functools
+    import os
+    import subprocess
+    import sys
+
+    from lab.configs import simulate_defaults_path
+    from lab.owner_process import OwnerProcess, _child_setup
+
+    def simulate_config(scheduler):
+        overrides = {"simulated_owner.scheduler": scheduler}
+        return parse_config(with_overrides(load_toml(simulate_defaults_path()), overrides))
+
+    default = resolve_config(SimulateOptions()).simulated_owner
+    assert default.scheduler == "normal" and default.process_priority() == {"nice": 10, "idle": False}
+    idle = simulate_config("idle").simulated_owner
+    assert idle.process_priority() == {"nice": 10, "idle": True}
+    with pytest.raises(ConfigError, match=r"simulated_owner\.scheduler"):
+        simulate_config("realtime")
+    assert OwnerProcess(tmp_path, **idle.process_priority()).idle
+    assert not OwnerProcess(tmp_path, **default.process_priority()).idle
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("no SCHED_IDLE on this platform (the owner runs at nice 19)")
+    probe = "import os; print(os.sched_getscheduler(0) == os.SCHED_IDLE)"
+    idle = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          preexec_fn=functools.partial(_child_setup, 10, True))
+    normal = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            preexec_fn=functools.partial(_child_setup, 10, False))
+    assert idle.stdout.strip() == "True" and normal.stdout.strip() == "False"

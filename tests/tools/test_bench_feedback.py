@@ -44,8 +44,10 @@ def test_the_report_puts_every_goal_beside_today():
     lines = tool.report({"now": now, "today": today})
     text = "\n".join(lines)
     assert lines[0].split() == ["figure", "this", "tree", "today", "goal"]
-    assert "1.20x median of 3 (105/100, 130/100, 120/100 s; 60 steps, 10 queries)" in text  # lookahead
-    assert "0.99x median of 3 (99/100, 101/100, 90/100 s" in text  # release_difference
+    # lookahead: the median, and the geometric mean of the rounds' ratios with its paired t-interval
+    assert ("1.20x median of 3; geometric mean 1.18x [0.90, 1.54] (105/100, 130/100, 120/100 s; 60 steps, "
+            "10 queries)") in text
+    assert "0.99x median of 3; geometric mean 0.97x" in text and "(99/100, 101/100, 90/100 s" in text
     assert "2.00x median of 1 (200/100 s" in text and "not in this tree" in text  # today: one round, no estimator
     assert "4.8% of the loop" in text and "not recorded" in text
     assert "0.50 checkpoints (1.0 MiB, 10 queries)" in text
@@ -74,6 +76,20 @@ def test_it_measures_the_sampler_the_bytes_and_the_owner_start(tmp_path):
     assert "4 l2rr ms/round" in result.stdout and "5 owner start, calibration cached" in result.stdout
 
 
+def test_goal1_runs_the_arms_asked_for_beside_the_ablation():
+    tool = load_tool()
+    assert tool.chosen_arms("all") is None
+    assert tool.chosen_arms("feedback, release_difference") == {"feedback", "release_difference"}
+    try:
+        tool.chosen_arms("feedback,lookahed")
+    except SystemExit as error:
+        assert "--arms: unknown arm 'lookahed'" in str(error) and "release_difference" in str(error)
+    else:
+        raise AssertionError("an unknown arm was accepted")
+    data = {"only": ["feedback"], "ablation": {"loop_s": 1.0}}
+    assert tool._loop_ratio(data, "owner_nice0") == "not run (--arms)"
+
+
 def test_every_goal1_arm_runs_on_this_tree():
     """Each arm names a file and a name the tree must have (the "today" tree lacks the later
     arms); in this tree every one is there, so goal 1 measures all of them side by side."""
@@ -96,6 +112,7 @@ def test_every_goal1_arm_is_a_valid_simulate_config(tmp_path):
     for label, _needs, lines in tool.ARMS:
         table = tomllib.loads(tool.arm_config(defaults, lines))
         config = TrainConfig.model_validate(table)
-        for section, line in lines.items():
-            key, value = (part.strip() for part in line.split("=", 1))
-            assert getattr(getattr(config, section), key) == tomllib.loads(f"v = {value}")["v"], label
+        for section, text in lines.items():
+            for line in text.splitlines():
+                key, value = (part.strip() for part in line.split("=", 1))
+                assert getattr(getattr(config, section), key) == tomllib.loads(f"v = {value}")["v"], label
