@@ -23,7 +23,7 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 def test_the_tools_are_the_ones_documented():
     assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py",
-                     "bench_owner_scoring.py", "gen_protos.py", "summarize_runs.py"]
+                     "bench_owner_scoring.py", "bench_tapped_update.py", "gen_protos.py", "summarize_runs.py"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
