@@ -120,6 +120,8 @@ def main() -> None:
                         help="time N plain and N tapped updates in-process first (0: skip)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/tapped-update"))
     args = parser.parse_args()
+    if args.isolated < 0:
+        parser.error(f"--isolated must be 0 (skip) or a positive count of updates, not {args.isolated}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.isolated:
         sys.path.insert(0, str(ROOT))
