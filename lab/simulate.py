@@ -219,7 +219,7 @@ class Simulation:
         merged = json.loads((self.run_dir / "summary.json").read_text())
         merged.update(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-        print(format_summary(summary, self.run_dir))
+        print(format_summary(merged, self.run_dir))
         return merged
 
 
@@ -264,9 +264,21 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
         f"  feedback queries       {s['feedback_queries']} ({s['feedback_failures']} failed)",
         f"  epsilon spent          {eps}",
         f"  wall time              {s['wall_seconds']:.1f} s",
-        f"  run directory          {run_dir}  (metrics.jsonl, summary.json, *.png)",
     ]
+    if s.get("time/loop_s"):
+        lines.append(f"  training loop          {loop_split(s)}")
+    lines.append(f"  run directory          {run_dir}  (metrics.jsonl, summary.json, *.png)")
     return "\n".join(lines)
+
+
+def loop_split(s: dict[str, Any]) -> str:
+    """Where the training loop's time went (summary.json time/*, cpu/*), as one line."""
+    loop = s["time/loop_s"]
+    shares = ", ".join(f"{name} {s.get(f'time/{name}_s', 0.0) / loop:.0%}" for name in ("generation", "update"))
+    text = f"{loop:.1f} s: {shares}, feedback phases {s['time/feedback_share']:.1%}"
+    if s.get("cpu/loop_s") is not None:
+        text += f"; training thread on CPU {s['cpu/loop_s'] / loop:.0%} (time_per_phase.png)"
+    return text
 
 
 def run_simulation(opts: SimulateOptions) -> dict[str, Any]:

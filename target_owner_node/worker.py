@@ -388,9 +388,12 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
     if not str(spec.device).startswith("cuda"):
         import torch
 
+        from rlvr_core.models.memory import keep_freed_memory
+
         # Small models on a shared CPU: spinning OpenMP threads are far slower than one
         # thread when the trainer runs beside us (rlvr_core/models/threads.py).
         torch.set_num_threads(1)
+        keep_freed_memory()  # every batch reuses its buffers instead of faulting them in again
 
     try:
         splits = {"feedback": _load(spec.heldout_path, spec.verifier, spec.feedback_verifier)}

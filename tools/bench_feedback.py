@@ -19,11 +19,16 @@ one JSON object), so one tree's modules never leak into the other's figures.
    rounds in rotated order; the training loop's time is the sum of step_seconds. Goal: the
    median ratio <= 1.05; beside it the geometric mean of the per-round ratios with its paired
    95% t-interval. The per-phase split is read from the run's summary (this tree records it).
-   Two more lookahead arms show what stands in the way on 2 cores, where the owner scores
-   beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and max_staleness = 16,
-   each against the same ablation; and two show what the owner's CPU priority does ([simulated_owner]
-   nice, default 10): the owner at nice 0, and under SCHED_IDLE (scheduler = "idle"). `--arms`
-   runs a subset beside the ablation.
+   L2RR moves q, so its runs train on other prompts than the ablation's, and the number of groups
+   it trains varies from run to run with when releases land: `q_held` (eta_q = 0) runs the same
+   feedback (queries, candidates, uploads, owner) with q held uniform, so it trains the
+   ablation's batches, and its ratio is what feedback itself costs the loop. For each arm the
+   training thread's CPU seconds (summary cpu/loop_s) split the loop into computing and waiting
+   (for the owner, the GIL or a core). More arms show what stands in the way on 2 cores, where
+   the owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and the
+   staleness bound of before (max_staleness = 8), each against the same ablation; and two show
+   what the owner's CPU priority does ([simulated_owner] nice, default 10): the owner at nice 0,
+   and under SCHED_IDLE (scheduler = "idle"). `--arms` runs a subset beside the ablation.
 2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
    hold, per query, against one full checkpoint of its model); LoRA training, from a real run
    (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
@@ -69,6 +74,9 @@ PYTHON = sys.executable
 ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tree), {config section: line}
     ("ablation", None, {"policy": "learn_q = false"}),  # no feedback: the yardstick
     ("feedback", None, {}),  # the default estimator (lookahead)
+    # the same feedback with q held uniform: every step trains the ablation's batches, so the ratio
+    # is feedback's own cost, without the change in workload that moving q brings
+    ("q_held", None, {"policy": "eta_q = 0.0"}),
     ("release_difference", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
      {"policy": 'estimator = "release_difference"'}),  # release-only
     # lookahead with its candidates recomputed on the background thread, as before they reused the
@@ -77,9 +85,9 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
      {"grpo": "lookahead_from_update = false"}),
     # what stands in goal 1's way on a 2-core box: the owner's scoring (its latency past
     # max_staleness steps is waited for). The same lookahead with the owner scoring in bfloat16,
-    # and with twice the staleness bound: each removes part of that wait, at a price the table says.
+    # and with the bound of before (8 steps, about what the owner takes here): what the wait costs.
     ("owner_bfloat16", ("lab/owner_process.py", "evaluation.dtype"), {"simulated_owner": 'dtype = "bfloat16"'}),
-    ("staleness_16", None, {"policy": "max_staleness = 16"}),
+    ("staleness_8", None, {"policy": "max_staleness = 8"}),
     # the simulated owner's CPU priority (the default lowers it: [simulated_owner] nice = 10): at the
     # trainer's own priority, what sharing the cores on equal terms costs the training loop, and
     # at the least priority there is (SCHED_IDLE), what starving it costs
@@ -150,6 +158,8 @@ def _simulate_once(tree: Path, run: Path, defaults: str, lines: dict[str, str], 
     weights = sum(p.stat().st_size for p in _model_dir(tree).glob("*.safetensors"))
     return {
         "loop_s": sum(r["step_seconds"] for r in steps_),
+        "cpu_s": summary.get("cpu/loop_s"),  # the training thread's CPU in the loop (None: not recorded)
+        "train_rollouts": sum(r.get("train_rollouts", 0) for r in steps_),
         "process_s": wall,
         "steps": len(steps_),
         "phases_s": phases,
@@ -518,6 +528,11 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 feedback phases, lookahead", lambda d: _feedback_share(d["feedback"]))
     both(1, "1 background thread, lookahead", lambda d: _background(d["feedback"]))
     both(1, "1 loop per generated token, lookahead / ablation", lambda d: _per_token_ratio(d, "feedback"))
+    both(1, "1 training thread, lookahead", lambda d: _training_thread(d, "feedback"))
+    both(1, "1 loop time, lookahead with q held / abl.", lambda d: _loop_ratio(d, "q_held"),
+         "(feedback's own cost)")
+    both(1, "1 training thread, lookahead with q held", lambda d: _training_thread(d, "q_held"))
+    both(1, "1 feedback phases, lookahead with q held", lambda d: _feedback_share(d["q_held"]))
     both(1, "1 loop time, L2RR release_difference / learn_q=false", lambda d: _loop_ratio(d, "release_difference"),
          "<= 1.05x")
     both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
@@ -529,9 +544,9 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 loop time, lookahead, owner in bfloat16 / abl.", lambda d: _loop_ratio(d, "owner_bfloat16"),
          "(what the owner's speed costs)")
     both(1, "1 feedback phases, owner in bfloat16", lambda d: _feedback_share(d["owner_bfloat16"]))
-    both(1, "1 loop time, lookahead, max_staleness 16 / abl.", lambda d: _loop_ratio(d, "staleness_16"),
-         "(what the staleness bound costs)")
-    both(1, "1 feedback phases, max_staleness 16", lambda d: _feedback_share(d["staleness_16"]))
+    both(1, "1 loop time, lookahead, max_staleness 8 / abl.", lambda d: _loop_ratio(d, "staleness_8"),
+         "(what a tighter bound costs)")
+    both(1, "1 feedback phases, max_staleness 8", lambda d: _feedback_share(d["staleness_8"]))
     both(1, "1 loop time, lookahead, owner not niced / abl.", lambda d: _loop_ratio(d, "owner_nice0"),
          "(what equal CPU priority costs)")
     both(1, "1 feedback phases, owner not niced", lambda d: _feedback_share(d["owner_nice0"]))
@@ -604,6 +619,19 @@ def _background(run: dict) -> str:
         return "not recorded"
     return (f"CPU {bg['cpu_s']:.1f} s = {bg['cpu_s'] / run['loop_s']:.1%} of the loop (wall: candidates "
             f"{bg['candidates_s']:.1f}, upload {bg['upload_s']:.1f}, owner {bg['owner_s']:.1f} s)")
+
+
+def _training_thread(data: dict, arm: str) -> str:
+    """First round: the training thread's CPU against the loop (the rest it spent waiting), its CPU
+    against the ablation's, and the rollouts each trained (the work the update phase did)."""
+    if arm not in data:
+        return "not run (--arms)"
+    run, base = data[arm], data["ablation"]
+    if run.get("cpu_s") is None or base.get("cpu_s") is None:
+        return "not recorded"
+    return (f"CPU {run['cpu_s']:.1f} s of a {run['loop_s']:.1f} s loop (off CPU {run['loop_s'] - run['cpu_s']:.1f} s, "
+            f"ablation {base['loop_s'] - base['cpu_s']:.1f} s); CPU / ablation's {run['cpu_s'] / base['cpu_s']:.2f}x; "
+            f"trained {run['train_rollouts']:,.0f} vs {base['train_rollouts']:,.0f} rollouts")
 
 
 def _per_token_ratio(data: dict, arm: str) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainer_node.grpo.checkpoint import checkpoint_name, save_checkpoint
-from trainer_node.grpo.timing import phase_key
+from trainer_node.grpo.timing import cpu_key, phase_key
 from trainer_node.grpo.trainer import GRPOTrainer
 from trainer_node.run_output import RunOutput
 
@@ -133,10 +133,11 @@ def run_loop(
     while trainer.step_index < schedule.steps:
         record = trainer.train_step()
         done = trainer.step_index
-        hook_started = time.perf_counter()
+        hook_started, hook_cpu = time.perf_counter(), time.thread_time()
         feedback.after_step(done, record)
         hook_seconds = time.perf_counter() - hook_started  # the hook's work is part of the step's time
         record[phase_key("other")] = record.get(phase_key("other"), 0.0) + hook_seconds
+        record[cpu_key("other")] = record.get(cpu_key("other"), 0.0) + time.thread_time() - hook_cpu
         record["step_seconds"] = record.get("step_seconds", 0.0) + hook_seconds
         output.log_step(record)
         if schedule.evaluates_after(done):

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from trainer_node.grpo.timing import FEEDBACK_PHASES, PHASES, phase_key
+from trainer_node.grpo.timing import FEEDBACK_PHASES, PHASES, cpu_key, phase_key
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -119,7 +119,8 @@ def summarise(records: Iterable[dict[str, Any]], wall_seconds: float) -> dict[st
 
 def phase_split(train: list[dict[str, Any]]) -> dict[str, Any]:
     """Seconds per phase over the run's steps (grpo/timing.py), their total, and the share of the
-    phases that exist only for target feedback (candidates, upload, owner_wait)."""
+    phases that exist only for target feedback (candidates, upload, owner_wait); beside them the
+    training thread's CPU seconds per phase and in all, where the log has them."""
     totals = {name: sum(r.get(phase_key(name)) or 0.0 for r in train) for name in PHASES}
     loop = sum(totals.values())
     if loop <= 0:
@@ -127,6 +128,10 @@ def phase_split(train: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {f"time/{name}_s": round(seconds, 3) for name, seconds in totals.items()}
     out["time/loop_s"] = round(loop, 3)
     out["time/feedback_share"] = round(sum(totals[name] for name in FEEDBACK_PHASES) / loop, 4)
+    if any(cpu_key("generation") in r for r in train):
+        cpu = {name: sum(r.get(cpu_key(name)) or 0.0 for r in train) for name in PHASES}
+        out.update({f"cpu/{name}_s": round(seconds, 3) for name, seconds in cpu.items()})
+        out["cpu/loop_s"] = round(sum(cpu.values()), 3)
     return out
 
 
@@ -187,6 +192,9 @@ def write_plots(records: list[dict[str, Any]], run_dir: Path) -> list[Path]:
             values = [r.get(phase_key(name)) or 0.0 for r in train]
             ax.bar(steps, values, bottom=bottom, width=1.0, label=name)
             bottom = [b + v for b, v in zip(bottom, values)]
+        if any(cpu_key("generation") in r for r in train):  # the gap to the bars: time off CPU
+            cpu = [sum(r.get(cpu_key(name)) or 0.0 for name in PHASES) for r in train]
+            ax.plot(steps, cpu, color="black", linewidth=0.8, label="training thread CPU")
         ax.set_xlabel("step")
         ax.set_ylabel("seconds")
         ax.legend(fontsize="small", ncol=4)

@@ -202,9 +202,12 @@ def build_training(
 
     torch.manual_seed(config.run.seed)
     if config.run.device == "cpu":
+        from rlvr_core.models.memory import keep_freed_memory
+
         # A tiny model on a shared CPU: one thread beats spinning OpenMP threads, especially
         # beside a local owner process (rlvr_core/models/threads.py).
         torch.set_num_threads(1)
+        keep_freed_memory()  # each step reuses its activation buffers (rlvr_core/models/memory.py)
     source = load_source(config.data)
     data, template = source.data, source.template
     split_seed = int(source.testbed.seed) if source.testbed is not None else 0  # never the run seed

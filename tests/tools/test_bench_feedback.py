@@ -116,3 +116,19 @@ def test_every_goal1_arm_is_a_valid_simulate_config(tmp_path):
             for line in text.splitlines():
                 key, value = (part.strip() for part in line.split("=", 1))
                 assert getattr(getattr(config, section), key) == tomllib.loads(f"v = {value}")["v"], label
+
+
+def test_goal1_splits_the_training_threads_time_and_holds_q_for_feedbacks_own_cost():
+    """The q_held arm (eta_q = 0) trains the ablation's batches; each arm's training thread is split
+    into CPU and the time it waited, beside the rollouts it trained."""
+    tool = load_tool()
+    assert {label: lines for label, _needs, lines in tool.ARMS}["q_held"] == {"policy": "eta_q = 0.0"}
+    base = {"loop_s": 10.0, "cpu_s": 9.9, "train_rollouts": 1677, "steps": 60, "queries": 0}
+    held = {**base, "loop_s": 10.4, "cpu_s": 10.0, "train_rollouts": 1672, "queries": 9}
+    data = {"ablation": base, "q_held": held, "rounds": [{"ablation": 10.0, "q_held": 10.4}]}
+    assert tool._loop_ratio(data, "q_held").startswith("1.04x median of 1")
+    assert tool._training_thread(data, "q_held") == (
+        "CPU 10.0 s of a 10.4 s loop (off CPU 0.4 s, ablation 0.1 s); CPU / ablation's 1.01x; "
+        "trained 1,672 vs 1,677 rollouts")
+    assert tool._training_thread({"ablation": base, "feedback": {**held, "cpu_s": None}}, "feedback") == "not recorded"
+    assert tool._training_thread({"ablation": base}, "feedback") == "not run (--arms)"

@@ -21,6 +21,7 @@ even serialized again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -81,6 +82,7 @@ class CandidateWriter:
         self.model = model
         self.workdir = Path(workdir)
         self.blobs, self.static = fresh_folders(self.workdir)
+        self._blob_dir = str(self.blobs)
         self.tensor_names, self.dtypes = self._write_static(model, tokenizer)
         live = self._live_tensors()
         self.total_size = sum(live[n].numel() * _element_size(self.dtypes[n]) for n in self.tensor_names)
@@ -146,10 +148,13 @@ class CandidateWriter:
             for name, (digest, size) in self._static_files.items()))
         live = self._live_tensors()
         total = len(self.tensor_names)
+        # Plain strings, not Paths: this loop runs once per tensor on the background thread, and
+        # every line of Python in it holds the GIL the training thread needs.
+        blobs, folder = str(self.blobs), str(out)
         for position, name in enumerate(self.tensor_names):
             file = shard_name(position, total)
             digest, size = self._shard(name, state[name], live.get(name))
-            link_file(self.blobs / digest, out / file)
+            link_file(os.path.join(blobs, digest), os.path.join(folder, file))
             digests[file], sizes[file] = digest, size
         return WrittenCheckpoint(out, digests, sizes)
 
@@ -165,8 +170,7 @@ class CandidateWriter:
             stamp = (tuple(live.shape), str(live.dtype), int(live._version))
             if known is not None and known[0] == stamp:
                 return known[1], known[2]
-        data = _shard_bytes(name, tensor.to(self.dtypes[name]))
-        digest, size = self._store(data)
+        digest, size = store_blob(self._blob_dir, *shard_parts(name, tensor.to(self.dtypes[name])))
         if is_live:
             self._live_written[name] = ((tuple(live.shape), str(live.dtype), int(live._version)), digest, size)
         return digest, size
@@ -201,29 +205,50 @@ def start_checkpoint(out: Path, files: Iterable[tuple[str, Path, str, int]]) -> 
     return digests, sizes
 
 
-def store_blob(blobs: Path, data: bytes) -> tuple[str, int]:
-    """(sha256, size) of `data`, written once to blobs/<sha256> (atomically; kept if already there)."""
-    digest = hashlib.sha256(data).hexdigest()
-    blob = blobs / digest
-    if not blob.exists():
-        tmp = blob.with_name(blob.name + ".tmp")
+def store_blob(blobs: Path | str, *parts: bytes | memoryview) -> tuple[str, int]:
+    """(sha256, size) of the concatenated `parts`, written once to blobs/<sha256> (atomically;
+    kept if already there). Hashing and writing a large buffer release the GIL, so a background
+    writer holds it for microseconds per shard, not for a copy of the shard."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(part)
+    digest = hasher.hexdigest()
+    blob = os.path.join(blobs, digest)
+    if not os.path.exists(blob):
+        tmp = blob + ".tmp"
         with open(tmp, "wb") as handle:
-            handle.write(data)
+            for part in parts:
+                handle.write(part)
         os.replace(tmp, blob)
-    return digest, len(data)
+    return digest, sum(memoryview(part).nbytes for part in parts)
 
 
-def _shard_bytes(name: str, tensor: torch.Tensor) -> bytes:
-    from safetensors.torch import save
+def shard_parts(name: str, tensor: torch.Tensor) -> tuple[bytes, memoryview]:
+    """A one-tensor safetensors file as (header, data): the bytes `safetensors.torch.save` writes
+    for {name: tensor} with SHARD_METADATA, but with the data as a view of the tensor's own memory
+    instead of a copy (tests/trainer_node/test_candidates.py checks the two are identical)."""
+    tensor = tensor.detach().contiguous()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return shard_header(name, tensor.dtype, tuple(tensor.shape), data.nbytes), data
 
-    return save({name: tensor.contiguous()}, metadata=SHARD_METADATA)
+
+@functools.lru_cache(maxsize=4096)
+def shard_header(name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """The length prefix and JSON header of a one-tensor safetensors file (the same for every
+    candidate of a run, so it is built once per tensor)."""
+    entry = {"dtype": _SAFETENSORS_NAMES[dtype], "shape": list(shape), "data_offsets": [0, nbytes]}
+    header = json.dumps({"__metadata__": SHARD_METADATA, name: entry}, separators=(",", ":")).encode()
+    header += b" " * (-(8 + len(header)) % 8)  # the data starts 8-byte aligned, as safetensors pads it
+    return len(header).to_bytes(8, "little") + header
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
 
 
-def link_file(source: Path, target: Path) -> None:
+def link_file(source: Path | str, target: Path | str) -> None:
     """A hard link (a copy where the file system has none): candidate folders share their files."""
     try:
         os.link(source, target)
@@ -236,6 +261,9 @@ _SAFETENSORS_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+_SAFETENSORS_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
 
 
 def _element_size(dtype: torch.dtype) -> int:

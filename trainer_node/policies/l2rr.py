@@ -114,9 +114,11 @@ class L2rrOptions(PolicyOptions):
         "baseline taken off each change)."
     )
     max_staleness: int = Field(
-        default=8, ge=0,
+        default=16, ge=0,
         description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
-        "steps after the query (training waits for it only then); 0 = synchronous (the step waits).",
+        "steps after the query (training waits for it only then); 0 = synchronous (the step waits). The "
+        "default is about twice what a simulated owner sharing 2 cores takes to answer (7-8 steps), so "
+        "training does not wait for it (docs/RESULTS.md 6.15).",
     )
     release_base: bool = Field(
         default=False,
