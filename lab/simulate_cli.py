@@ -39,7 +39,7 @@ methods: uniform, dapo, greso, ar3po, l2rr, and DataFlex-RL's mixtures static, r
 checkpoint selection by target feedback (any method): set [selection] every = K in --config
 a noisy owner grader on the feedback split L2RR learns from (the test split stays exact): set
   [simulated_owner] feedback_verifier = { name = "noisy_flip", flip_rate = 0.2 } in --config
-the local owner runs at nice 10, on CPU the trainer leaves idle, as an owner on its own machine
+the local owner runs at nice 19, on CPU the trainer leaves idle, as an owner on its own machine
   would; [simulated_owner] nice = 0 shares the cores on equal terms, and scheduler = "idle"
   runs it under SCHED_IDLE
 defaults: lab/configs/simulate_default.toml"""

@@ -27,8 +27,8 @@ one JSON object), so one tree's modules never leak into the other's figures.
    (for the owner, the GIL or a core). More arms show what stands in the way on 2 cores, where
    the owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and the
    staleness bound of before (max_staleness = 8), each against the same ablation; and two show
-   what the owner's CPU priority does ([simulated_owner] nice, default 10): the owner at nice 0,
-   and under SCHED_IDLE (scheduler = "idle"). `--arms` runs a subset beside the ablation.
+   what the owner's CPU priority does ([simulated_owner] nice, default 19): the owner at nice 10
+   (the default before) and 0, and under SCHED_IDLE (scheduler = "idle"). `--arms` runs a subset beside the ablation.
 2. Bytes per query: full-parameter training, from goal 1's L2RR run (bytes the owner did not
    hold, per query, against one full checkpoint of its model); LoRA training, from a real run
    (`simulate` with [model.lora] r = 16 on q/k/v/o_proj, --lora-steps steps: the bytes its
@@ -91,6 +91,7 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     # the simulated owner's CPU priority (the default lowers it: [simulated_owner] nice = 10): at the
     # trainer's own priority, what sharing the cores on equal terms costs the training loop, and
     # at the least priority there is (SCHED_IDLE), what starving it costs
+    ("owner_nice10", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 10"}),
     ("owner_nice0", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 0"}),
     ("owner_idle", ("trainer_node/config.py", "CPU scheduling policy"), {"simulated_owner": 'scheduler = "idle"'}),
 )
@@ -547,6 +548,8 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 loop time, lookahead, max_staleness 8 / abl.", lambda d: _loop_ratio(d, "staleness_8"),
          "(what a tighter bound costs)")
     both(1, "1 feedback phases, max_staleness 8", lambda d: _feedback_share(d["staleness_8"]))
+    both(1, "1 loop time, lookahead, owner at nice 10 / abl.", lambda d: _loop_ratio(d, "owner_nice10"),
+         "(the owner's priority before)")
     both(1, "1 loop time, lookahead, owner not niced / abl.", lambda d: _loop_ratio(d, "owner_nice0"),
          "(what equal CPU priority costs)")
     both(1, "1 feedback phases, owner not niced", lambda d: _feedback_share(d["owner_nice0"]))

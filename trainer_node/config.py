@@ -463,11 +463,12 @@ class SimulatedOwnerConfig(Section):
     )
 
     nice: int = Field(
-        default=10, ge=0, le=19,
+        default=19, ge=0, le=19,
         description="The simulated owner's CPU priority, as for nice(1), applied to its server and scoring worker. "
-        "It stands in for an owner on its own machine, so by default (10) it computes on what the trainer leaves "
-        "idle instead of slowing the training loop it shares the cores with; a release may then arrive a little "
-        "later. 0: the trainer's priority (what runs before this option had). Used when scheduler = 'normal'.",
+        "It stands in for an owner on its own machine, so by default (19, the lowest) it computes on what the "
+        "trainer leaves idle instead of slowing the training loop it shares the cores with; on 2 cores its "
+        "releases still arrive well within max_staleness (docs/RESULTS.md 6.15). 10: the default until then; "
+        "0: the trainer's priority (what runs before this option had). Used when scheduler = 'normal'.",
     )
 
     scheduler: Literal["normal", "idle"] = Field(

@@ -180,7 +180,7 @@ def test_simulated_owner_dtype_sets_the_owners_evaluation_dtype(tmp_path):
 
 
 def test_simulated_owner_nice_lowers_the_owner_process_priority(tmp_path):
-    """`simulated_owner.nice` (default 10) is applied in the owner's child before exec, so its
+    """`simulated_owner.nice` (default 19) is applied in the owner's child before exec, so its
     server and the worker it spawns inherit it; a bad value names the field and starts nothing."""
     import functools
     import os
@@ -193,7 +193,7 @@ def test_simulated_owner_nice_lowers_the_owner_process_priority(tmp_path):
     def simulate_config(nice):
         return parse_config(with_overrides(load_toml(simulate_defaults_path()), {"simulated_owner.nice": nice}))
 
-    assert resolve_config(SimulateOptions()).simulated_owner.nice == 10
+    assert resolve_config(SimulateOptions()).simulated_owner.nice == 19
     assert simulate_config(0).simulated_owner.nice == 0
     for bad in (-1, 20, "low"):
         with pytest.raises(ConfigError, match=r"simulated_owner\.nice"):
@@ -223,9 +223,9 @@ def test_simulated_owner_scheduler_idle_runs_the_owner_under_sched_idle(tmp_path
         return parse_config(with_overrides(load_toml(simulate_defaults_path()), overrides))
 
     default = resolve_config(SimulateOptions()).simulated_owner
-    assert default.scheduler == "normal" and default.process_priority() == {"nice": 10, "idle": False}
+    assert default.scheduler == "normal" and default.process_priority() == {"nice": 19, "idle": False}
     idle = simulate_config("idle").simulated_owner
-    assert idle.process_priority() == {"nice": 10, "idle": True}
+    assert idle.process_priority() == {"nice": 19, "idle": True}
     with pytest.raises(ConfigError, match=r"simulated_owner\.scheduler"):
         simulate_config("realtime")
     assert OwnerProcess(tmp_path, **idle.process_priority()).idle
