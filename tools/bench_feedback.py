@@ -22,7 +22,8 @@ one JSON object), so one tree's modules never leak into the other's figures.
    L2RR moves q, so its runs train on other prompts than the ablation's, and the number of groups
    it trains varies from run to run with when releases land: `q_held` (eta_q = 0) runs the same
    feedback (queries, candidates, uploads, owner) with q held uniform, so it trains the
-   ablation's batches, and its ratio is what feedback itself costs the loop. For each arm the
+   ablation's batches, and its ratio is what feedback itself costs the loop
+   (`release_difference_q_held` likewise for the release-only estimator). For each arm the
    training thread's CPU seconds (summary cpu/loop_s) split the loop into computing and waiting
    (for the owner, the GIL or a core). More arms show what stands in the way on 2 cores, where
    the owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and the
@@ -79,6 +80,9 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     ("q_held", None, {"policy": "eta_q = 0.0"}),
     ("release_difference", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
      {"policy": 'estimator = "release_difference"'}),  # release-only
+    # the release-only estimator with q held too: its feedback's own cost, on the ablation's batches
+    ("release_difference_q_held", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
+     {"policy": 'estimator = "release_difference"\neta_q = 0.0'}),
     # lookahead with its candidates recomputed on the background thread, as before they reused the
     # update's gradients (trainer_node/grpo/gradient_tap.py): what the reuse saves, side by side
     ("lookahead_recompute", ("trainer_node/grpo/settings.py", "lookahead_from_update"),
@@ -88,9 +92,10 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     # and with the bound of before (8 steps, about what the owner takes here): what the wait costs.
     ("owner_bfloat16", ("lab/owner_process.py", "evaluation.dtype"), {"simulated_owner": 'dtype = "bfloat16"'}),
     ("staleness_8", None, {"policy": "max_staleness = 8"}),
-    # the simulated owner's CPU priority (the default lowers it: [simulated_owner] nice = 10): at the
-    # trainer's own priority, what sharing the cores on equal terms costs the training loop, and
-    # at the least priority there is (SCHED_IDLE), what starving it costs
+    # the simulated owner's CPU priority (the default lowers it: [simulated_owner] nice = 19): at
+    # nice 10 (the default before docs/RESULTS.md 6.15); at the trainer's own priority, what sharing
+    # the cores on equal terms costs the loop; at the least priority there is (SCHED_IDLE), what
+    # starving it costs
     ("owner_nice10", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 10"}),
     ("owner_nice0", ("trainer_node/config.py", "simulated owner's CPU priority"), {"simulated_owner": "nice = 0"}),
     ("owner_idle", ("trainer_node/config.py", "CPU scheduling policy"), {"simulated_owner": 'scheduler = "idle"'}),
@@ -539,6 +544,10 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 feedback phases, release_difference", lambda d: _feedback_share(d["release_difference"]))
     both(1, "1 background thread, release_difference", lambda d: _background(d["release_difference"]))
     both(1, "1 loop per generated token, release_difference / abl.", lambda d: _per_token_ratio(d, "release_difference"))
+    both(1, "1 loop time, release_difference, q held / abl.", lambda d: _loop_ratio(d, "release_difference_q_held"),
+         "(feedback's own cost)")
+    both(1, "1 training thread, release_difference, q held",
+         lambda d: _training_thread(d, "release_difference_q_held"))
     both(1, "1 loop time, lookahead recomputing candidates / abl.", lambda d: _loop_ratio(d, "lookahead_recompute"),
          "(before the reuse)")
     both(1, "1 background thread, lookahead recomputing", lambda d: _background(d["lookahead_recompute"]))

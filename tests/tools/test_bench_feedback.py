@@ -123,6 +123,8 @@ def test_goal1_splits_the_training_threads_time_and_holds_q_for_feedbacks_own_co
     into CPU and the time it waited, beside the rollouts it trained."""
     tool = load_tool()
     assert {label: lines for label, _needs, lines in tool.ARMS}["q_held"] == {"policy": "eta_q = 0.0"}
+    held_rd = {label: lines for label, _needs, lines in tool.ARMS}["release_difference_q_held"]["policy"]
+    assert held_rd.splitlines() == ['estimator = "release_difference"', "eta_q = 0.0"]
     base = {"loop_s": 10.0, "cpu_s": 9.9, "train_rollouts": 1677, "steps": 60, "queries": 0}
     held = {**base, "loop_s": 10.4, "cpu_s": 10.0, "train_rollouts": 1672, "queries": 9}
     data = {"ablation": base, "q_held": held, "rounds": [{"ablation": 10.0, "q_held": 10.4}]}
