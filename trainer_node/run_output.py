@@ -117,6 +117,11 @@ def summarise(records: Iterable[dict[str, Any]], wall_seconds: float) -> dict[st
     return summary
 
 
+def _has_cpu(train: list[dict[str, Any]]) -> bool:
+    """The log records the training thread's CPU per phase (runs before it did not)."""
+    return any(cpu_key("generation") in r for r in train)
+
+
 def phase_split(train: list[dict[str, Any]]) -> dict[str, Any]:
     """Seconds per phase over the run's steps (grpo/timing.py), their total, and the share of the
     phases that exist only for target feedback (candidates, upload, owner_wait); beside them the
@@ -128,7 +133,7 @@ def phase_split(train: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {f"time/{name}_s": round(seconds, 3) for name, seconds in totals.items()}
     out["time/loop_s"] = round(loop, 3)
     out["time/feedback_share"] = round(sum(totals[name] for name in FEEDBACK_PHASES) / loop, 4)
-    if any(cpu_key("generation") in r for r in train):
+    if _has_cpu(train):
         cpu = {name: sum(r.get(cpu_key(name)) or 0.0 for r in train) for name in PHASES}
         out.update({f"cpu/{name}_s": round(seconds, 3) for name, seconds in cpu.items()})
         out["cpu/loop_s"] = round(sum(cpu.values()), 3)
@@ -192,7 +197,7 @@ def write_plots(records: list[dict[str, Any]], run_dir: Path) -> list[Path]:
             values = [r.get(phase_key(name)) or 0.0 for r in train]
             ax.bar(steps, values, bottom=bottom, width=1.0, label=name)
             bottom = [b + v for b, v in zip(bottom, values)]
-        if any(cpu_key("generation") in r for r in train):  # the gap to the bars: time off CPU
+        if _has_cpu(train):  # the gap to the bars: time off CPU
             cpu = [sum(r.get(cpu_key(name)) or 0.0 for name in PHASES) for r in train]
             ax.plot(steps, cpu, color="black", linewidth=0.8, label="training thread CPU")
         ax.set_xlabel("step")

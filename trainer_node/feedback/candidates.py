@@ -82,6 +82,8 @@ class CandidateWriter:
         self.model = model
         self.workdir = Path(workdir)
         self.blobs, self.static = fresh_folders(self.workdir)
+        # a plain string for the per-tensor loops of the background thread, where every line of
+        # Python holds the GIL the training thread needs
         self._blob_dir = str(self.blobs)
         self.tensor_names, self.dtypes = self._write_static(model, tokenizer)
         live = self._live_tensors()
@@ -148,13 +150,11 @@ class CandidateWriter:
             for name, (digest, size) in self._static_files.items()))
         live = self._live_tensors()
         total = len(self.tensor_names)
-        # Plain strings, not Paths: this loop runs once per tensor on the background thread, and
-        # every line of Python in it holds the GIL the training thread needs.
-        blobs, folder = str(self.blobs), str(out)
+        folder = str(out)  # a string, as self._blob_dir
         for position, name in enumerate(self.tensor_names):
             file = shard_name(position, total)
             digest, size = self._shard(name, state[name], live.get(name))
-            link_file(os.path.join(blobs, digest), os.path.join(folder, file))
+            link_file(os.path.join(self._blob_dir, digest), os.path.join(folder, file))
             digests[file], sizes[file] = digest, size
         return WrittenCheckpoint(out, digests, sizes)
 
@@ -176,7 +176,7 @@ class CandidateWriter:
         return digest, size
 
     def _store(self, data: bytes) -> tuple[str, int]:
-        return store_blob(self.blobs, data)
+        return store_blob(self._blob_dir, data)
 
     def discard(self, written: WrittenCheckpoint) -> None:
         """Remove a checkpoint folder (its blobs stay: later candidates reuse them)."""
