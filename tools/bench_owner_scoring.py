@@ -27,6 +27,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def owner_folder(run_dir: Path) -> Path:
+    """RUN_DIR's owner/ folder; FileNotFoundError when RUN_DIR is not a finished simulate run."""
+    owner = run_dir.resolve() / "owner"
+    if not (owner / "config.toml").is_file():
+        raise FileNotFoundError(f"{owner / 'config.toml'} not found: RUN_DIR must be a finished simulate run")
+    return owner
+
+
+def owner_of(run_dir: Path) -> tuple:
+    """A finished simulate run's owner, as its evaluation worker sees it: (worker spec, held-out
+    split, the stored checkpoints' folders, sorted). Changes into the owner's folder, since its
+    config names its files relative to it. FileNotFoundError as owner_folder.
+    bench_owner_beside.py scores with it too."""
+    from target_owner_node.config import load_config
+    from target_owner_node.node import worker_spec
+    from target_owner_node.worker import _load
+
+    owner = owner_folder(run_dir)
+    os.chdir(owner)
+    spec = worker_spec(load_config(owner / "config.toml"))
+    stored = sorted(p for p in (owner / "storage" / "materialized").iterdir() if p.is_dir())
+    return spec, _load(spec.heldout_path, spec.verifier), stored
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a finished `trainer-node simulate` run folder")
@@ -38,18 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from target_owner_node.config import load_config
-    from target_owner_node.node import worker_spec
-    from target_owner_node.worker import ModelCache, _load, dry_run, score_split
+    from target_owner_node.worker import ModelCache, dry_run, score_split
 
     torch.set_num_threads(1)  # as the worker runs on a CPU
-    owner = args.run_dir.resolve() / "owner"
-    if not (owner / "config.toml").is_file():
-        parser.error(f"{owner / 'config.toml'} not found: RUN_DIR must be a finished simulate run")
-    os.chdir(owner)  # the owner's config names its files relative to its folder
-    spec = worker_spec(load_config(owner / "config.toml"))
-    stored = sorted(p for p in (owner / "storage" / "materialized").iterdir() if p.is_dir())[: max(args.models, 2)]
-    split = _load(spec.heldout_path, spec.verifier)
+    try:
+        spec, split, stored = owner_of(args.run_dir)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    stored = stored[: max(args.models, 2)]
     rows = list(range(min(args.rows, len(split.examples))))
     decoding = {"max_new_tokens": args.max_new_tokens, "samples_per_prompt": 1, "seed": 1, "temperature": 1.0}
     print(f"owner batch {spec.batch_size} rows x prompt width {spec.max_prompt_tokens} tokens, "

@@ -70,20 +70,21 @@ def report(ablation: list[dict], lookahead: list[dict]) -> None:
         print(f"  {kind:10s} {len(steps):2d} steps: " + "; ".join(parts))
 
 
-def isolated(repeats: int, seed: int) -> None:
-    """Plain and tapped updates of one batch, alternately, in this process (module docstring)."""
-    import copy
-
+def tiny_trainer(seed: int):
+    """The simulation's tiny policy in a GRPO trainer at one thread (as `simulate` runs it on a
+    CPU), with its first batch of groups: (trainer, groups). bench_owner_beside.py uses it too."""
     import numpy as np
     import torch
 
     from rlvr_core.engines.registry import build_engine
     from rlvr_core.models.loading import load_policy
+    from rlvr_core.models.memory import keep_freed_memory
     from tests.trainer_node.grpo_helpers import SAMPLING, make_settings, render, toy_pool, toy_reward
     from trainer_node.grpo.trainer import GRPOTrainer
     from trainer_node.policies.base import build_policy
 
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the CPU trainer does (trainer_node/training.py)
     torch.manual_seed(seed)
     model, tokenizer = load_policy(bench_feedback._model_dir(ROOT), "cpu", torch.float32)
     pool = toy_pool()
@@ -92,7 +93,14 @@ def isolated(repeats: int, seed: int) -> None:
     trainer = GRPOTrainer(model=model, tokenizer=tokenizer, engine=build_engine("transformers", model, tokenizer),
                           policy=policy, pool=pool, render=render, reward_fn=toy_reward,
                           settings=make_settings(lr=3e-4), sampling=SAMPLING)
-    groups = trainer.sample_and_rollout(0).groups
+    return trainer, trainer.sample_and_rollout(0).groups
+
+
+def isolated(repeats: int, seed: int) -> None:
+    """Plain and tapped updates of one batch, alternately, in this process (module docstring)."""
+    import copy
+
+    trainer, groups = tiny_trainer(seed)
     weights = [[1.0 if g % 4 == c else 0.0 for g in range(len(groups))] for c in range(4)]
     start = copy.deepcopy(trainer.model.state_dict())
     seconds: dict[str, list[float]] = {"plain": [], "tapped": []}

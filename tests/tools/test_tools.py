@@ -23,7 +23,8 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 def test_the_tools_are_the_ones_documented():
     assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py",
-                     "bench_owner_scoring.py", "bench_tapped_update.py", "gen_protos.py", "summarize_runs.py"]
+                     "bench_owner_beside.py", "bench_owner_scoring.py", "bench_tapped_update.py", "gen_protos.py",
+                     "summarize_runs.py"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -83,6 +84,38 @@ def test_bench_owner_runs_a_tiny_case():
 def test_bench_owner_scoring_names_a_folder_that_is_not_a_run(tmp_path):
     result = run_tool("bench_owner_scoring.py", str(tmp_path))
     assert result.returncode == 2 and "owner/config.toml not found" in result.stderr
+
+
+def test_bench_owner_beside_names_a_folder_that_is_not_a_run(tmp_path):
+    result = run_tool("bench_owner_beside.py", str(tmp_path))
+    assert result.returncode == 2 and "owner/config.toml not found" in result.stderr
+
+
+def test_bench_owner_beside_refuses_too_few_cycles(tmp_path):
+    result = run_tool("bench_owner_beside.py", str(tmp_path), "--cycles", "1")
+    assert result.returncode == 2 and "--cycles must be >= 2" in result.stderr
+
+
+def test_bench_owner_beside_pairs_each_cycle_and_predicts_the_loop_excess(tmp_path):
+    """Each cycle's ratio is its blocks' means; the figure is their geometric mean; the excess is
+    the in-flight share of the run's steps times the step's slowdown."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_owner_beside as tool
+
+    def cycle(beside: float, alone: float) -> dict:
+        return {side: {f"cpu/{phase}": [value, value] for phase in tool.PHASES}
+                for side, value in (("beside", beside), ("alone", alone))}
+
+    figures = tool.summarize([cycle(1.1, 1.0), cycle(2.4, 2.0), cycle(0.5, 0.5)], "cpu")
+    mean, low, high = figures["step"]
+    assert mean == pytest.approx((1.1 * 1.2 * 1.0) ** (1 / 3)) and low < mean < high
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 0, "step_seconds": 1.0, "feedback_in_flight": 1.0}, {"step": 1, "step_seconds": 1.0},
+        {"step": 2, "step_seconds": 1.0, "feedback_in_flight": 1.0}, {"step": 3, "step_seconds": 1.0},
+        {"eval": {"accuracy": 0.5}}]))
+    busy, steps = tool.in_flight_share(tmp_path)
+    assert (busy, steps) == (2, 4)
+    assert tool.predicted_excess(1.1, busy, steps) == pytest.approx(0.05)
 
 
 @pytest.mark.slow
