@@ -186,6 +186,12 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
                                                                "l2rr-async": {"max_staleness": 16},
                                                                "l2rr-async8": {"max_staleness": 8}}
     assert staleness.control == "l2rr-sync" and len(plan_runs(staleness)) == 18
+    fixed = load_profile("staleness_fixed")  # the same, with each release applied exactly at its bound
+    assert {m.label: m.options for m in fixed.methods} == {
+        "l2rr-sync": {"max_staleness": 0},
+        "l2rr-fixed16": {"max_staleness": 16, "fixed_staleness": True},
+        "l2rr-fixed8": {"max_staleness": 8, "fixed_staleness": True}}
+    assert fixed.control == "l2rr-sync" and len(plan_runs(fixed)) == 36
     with pytest.raises(BenchSpecError, match="unknown profile"):
         load_profile("huge")
 
