@@ -23,7 +23,8 @@ one JSON object), so one tree's modules never leak into the other's figures.
    it trains varies from run to run with when releases land: `q_held` (eta_q = 0) runs the same
    feedback (queries, candidates, uploads, owner) with q held uniform, so it trains the
    ablation's batches, and its ratio is what feedback itself costs the loop
-   (`release_difference_q_held` likewise for the release-only estimator). For each arm the
+   (`release_difference_q_held` likewise for the release-only estimator). Every round also records
+   the rollouts each arm trained, and the report divides them out ("loop per trained rollout"). For each arm the
    training thread's CPU seconds (summary cpu/loop_s) split the loop into computing and waiting
    (for the owner, the GIL or a core). More arms show what stands in the way on 2 cores, where
    the owner scores beside the trainer: the owner in bfloat16 ([simulated_owner] dtype) and the
@@ -56,6 +57,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,14 +115,15 @@ def measure_simulate(tree: Path, work: Path, steps: int, seed: int, pairs: int =
     arms = [(label, lines) for label, needs, lines in ARMS
             if (needs is None or needs[1] in (tree / needs[0]).read_text())  # "today" lacks the later arms
             and (only is None or label == "ablation" or label in only)]
-    out: dict = {"rounds": []} | ({"only": sorted(only)} if only is not None else {})
+    out: dict = {"rounds": [], "round_rollouts": []} | ({"only": sorted(only)} if only is not None else {})
     for round_ in range(max(pairs, 1)):
-        loops = {}
+        loops, rollouts = {}, {}
         for label, lines in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
             run = _simulate_once(tree, work / f"simulate-{label}-{round_}", defaults, lines, steps, seed)
-            loops[label] = run["loop_s"]
+            loops[label], rollouts[label] = run["loop_s"], run["train_rollouts"]
             out.setdefault(label, run)
         out["rounds"].append(loops)
+        out["round_rollouts"].append(rollouts)  # L2RR moves q, and with it how many rollouts each round trains
     return out
 
 
@@ -534,6 +537,7 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
     both(1, "1 feedback phases, lookahead", lambda d: _feedback_share(d["feedback"]))
     both(1, "1 background thread, lookahead", lambda d: _background(d["feedback"]))
     both(1, "1 loop per generated token, lookahead / ablation", lambda d: _per_token_ratio(d, "feedback"))
+    both(1, "1 loop per trained rollout, lookahead / ablation", lambda d: _per_rollout_ratio(d, "feedback"))
     both(1, "1 training thread, lookahead", lambda d: _training_thread(d, "feedback"))
     both(1, "1 loop time, lookahead with q held / abl.", lambda d: _loop_ratio(d, "q_held"),
          "(feedback's own cost)")
@@ -654,6 +658,23 @@ def _per_token_ratio(data: dict, arm: str) -> str:
         return "not recorded"
     ratio = (run["loop_s"] / run["generated_tokens"]) / (base["loop_s"] / base["generated_tokens"])
     return f"{ratio:.2f}x ({run['generated_tokens']:,.0f} vs {base['generated_tokens']:,.0f} tokens)"
+
+
+def _per_rollout_ratio(data: dict, arm: str) -> str:
+    """Per round, (loop / trained rollouts) with feedback over the same without: the loop ratio with
+    L2RR's own choice of work divided out. The q it learns changes which groups survive the filters,
+    and every trained rollout is update work, so its rounds train more or fewer rollouts than the
+    ablation's; goal 1 counts that too. Beside it, the median ratio of trained rollouts."""
+    pairs = [(loops, counts) for loops, counts in zip(data.get("rounds", []), data.get("round_rollouts", []))
+             if arm in counts and counts.get(arm) and counts.get("ablation")]
+    if not pairs:
+        return "not recorded"
+    ratios = [(loops[arm] / counts[arm]) / (loops["ablation"] / counts["ablation"]) for loops, counts in pairs]
+    work = statistics.median(counts[arm] / counts["ablation"] for _, counts in pairs)
+    interval = paired_interval(ratios)
+    mean = f"; geometric mean {interval[0]:.2f}x [{interval[1]:.2f}, {interval[2]:.2f}]" if interval else ""
+    return (f"{statistics.median(ratios):.2f}x median of {len(ratios)}{mean} "
+            f"(trained rollouts: {work:.2f}x the ablation's, median)")
 
 
 def _bytes_per_query(data: dict) -> str:

@@ -134,3 +134,18 @@ def test_goal1_splits_the_training_threads_time_and_holds_q_for_feedbacks_own_co
         "trained 1,672 vs 1,677 rollouts")
     assert tool._training_thread({"ablation": base, "feedback": {**held, "cpu_s": None}}, "feedback") == "not recorded"
     assert tool._training_thread({"ablation": base}, "feedback") == "not run (--arms)"
+
+
+def test_goal1_divides_out_the_rollouts_each_round_trained():
+    """L2RR's q changes how many rollouts a round trains: per round, the loop per trained rollout
+    with feedback over the ablation's, and the median ratio of the rollouts themselves."""
+    tool = load_tool()
+    data = {"rounds": [{"ablation": 10.0, "feedback": 12.0}, {"ablation": 10.0, "feedback": 11.0},
+                       {"ablation": 10.0, "feedback": 10.5}],
+            "round_rollouts": [{"ablation": 1000, "feedback": 1100}, {"ablation": 1000, "feedback": 1000},
+                               {"ablation": 1000, "feedback": 1050}]}
+    text = tool._per_rollout_ratio(data, "feedback")
+    # ratios 12/11 = 1.09, 1.10, 1.00: median 1.09; rollouts 1.10, 1.00, 1.05: median 1.05
+    assert text.startswith("1.09x median of 3; geometric mean 1.06x") and text.endswith(
+        "(trained rollouts: 1.05x the ablation's, median)")
+    assert tool._per_rollout_ratio({"rounds": data["rounds"]}, "feedback") == "not recorded"  # older records
