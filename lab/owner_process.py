@@ -34,7 +34,7 @@ class OwnerProcessError(RuntimeError):
 
 def _child_setup(nice: int, idle: bool = False) -> None:
     """In the owner's child before exec: its CPU priority (inherited by its scoring worker), and
-    _die_with_parent. `idle`: SCHED_IDLE where the platform has it (Linux), else nice 19; otherwise
+    die_with_parent. `idle`: SCHED_IDLE where the platform has it (Linux), else nice 19; otherwise
     `nice`. A few system calls, no locks: safe after fork."""
     if idle and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -42,17 +42,18 @@ def _child_setup(nice: int, idle: bool = False) -> None:
         os.nice(19)
     elif nice:
         os.nice(nice)
-    _die_with_parent()
+    die_with_parent()
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the owner when the trainer process dies, even by SIGKILL, so a killed
-    simulate never leaves an orphaned owner (it runs in its own session)."""
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Linux: send `sig` to the owner when the trainer process dies, even by SIGKILL, so a killed
+    simulate never leaves an orphaned owner (it runs in its own session). A process its parent
+    may have stopped (SIGSTOP) needs SIGKILL: a stopped process keeps other signals pending."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 def _owner_cli(*args: str) -> list[str]:

@@ -188,7 +188,11 @@ def _simulate_once(tree: Path, run: Path, defaults: str, lines: dict[str, str], 
 
 def _model_dir(tree: Path) -> Path:
     """The simulation's cached tiny policy (both trees use ROOT's cache)."""
-    return next(f for f in sorted((ROOT / ".cache" / "tiny_policies").glob("qwen2-*")) if f.is_dir())
+    cache = ROOT / ".cache" / "tiny_policies"
+    found = next((f for f in sorted(cache.glob("qwen2-*")) if f.is_dir()), None)
+    if found is None:
+        raise SystemExit(f"no tiny policy cached under {cache}: `trainer-node simulate` builds it on its first run")
+    return found
 
 
 LORA_RANK, LORA_TARGETS = 16, ("q_proj", "k_proj", "v_proj", "o_proj")  # goal 2's adapter, both figures

@@ -1,6 +1,7 @@
 """What the owner's scoring costs the trainer's steps when both share this machine (prints numbers; not a test).
 
-    python tools/bench_owner_beside.py RUN_DIR [--cycles 12] [--block 2] [--batch N] [--dtype bfloat16] [--seed 0] [--json OUT.json]
+    python tools/bench_owner_beside.py RUN_DIR [--cycles 12] [--block 2] [--batch N] [--dtype bfloat16]
+        [--max-new-tokens 8] [--nice 19] [--seed 0] [--json OUT.json]
 
 RUN_DIR is a finished `trainer-node simulate` run (its owner/ folder: the owner's config, its
 held-out split and the checkpoints the run sent). A child process scores those checkpoints over
@@ -20,7 +21,7 @@ waited for a core) and by the wall clock.
 It prints, for generation, update and the whole step, the geometric mean over cycles of
 beside / alone, with its paired 95% t-interval. Then, from RUN_DIR's metrics.jsonl, the share of
 the run's steps with a query in flight (the owner scoring), and the loop excess the two predict:
-that share x (step ratio - 1).
+that share x (the step's CPU ratio - 1).
 
 Why: issue 14's goal 1 compares L2RR's training loop with its no-feedback ablation in
 `simulate`, where the owner scores on this machine's other core while the trainer trains.
@@ -31,6 +32,7 @@ measures the owner's own work beside the trainer's own work. Linux only (SIGSTOP
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -48,11 +50,11 @@ SCORED_CHECKPOINTS = 3  # the child cycles through this many of the run's stored
 
 def score_forever(run_dir: Path, batch: int | None, dtype: str | None, max_new_tokens: int, nice: int) -> None:
     """The child: score RUN_DIR's checkpoints as the owner's worker does until killed. After the
-    first scoring (the model loaded and warm) it prints one JSON line: the rows and batch used."""
+    first scoring (the model loaded and warm) it prints one JSON line: the rows, batch and dtype used."""
     import dataclasses
 
     import torch
-    from bench_owner_scoring import owner_of
+    from bench_owner_scoring import owner_of, query_decoding
 
     from rlvr_core.models.memory import keep_freed_memory
     from target_owner_node.worker import ModelCache, score_split
@@ -61,11 +63,13 @@ def score_forever(run_dir: Path, batch: int | None, dtype: str | None, max_new_t
     torch.set_num_threads(1)
     keep_freed_memory()  # as the owner's worker does
     spec, split, stored = owner_of(run_dir)
+    if not stored:
+        raise SystemExit(f"{run_dir}: the owner stored no checkpoint (storage/materialized is empty)")
     rows = spec.batch_size  # simulate's owner: one full batch per query's rows (lab/owner_process.py)
     spec = dataclasses.replace(spec, batch_size=batch or spec.batch_size, dtype=dtype or spec.dtype)
     cache = ModelCache(spec)
     indices = [i % len(split.examples) for i in range(rows)]
-    decoding = {"max_new_tokens": max_new_tokens, "samples_per_prompt": 1, "seed": 1, "temperature": 1.0}
+    decoding = query_decoding(max_new_tokens)
     ready = False
     while True:
         for folder in stored[:SCORED_CHECKPOINTS]:
@@ -102,64 +106,109 @@ def predicted_excess(step_ratio: float, busy: int, steps: int) -> float:
     return busy / steps * (step_ratio - 1.0) if steps else 0.0
 
 
-def measure(run_dir: Path, cycles: int, block: int, seed: int, owner_args: list[str]) -> tuple[list, dict]:
+def _ready_line(child: subprocess.Popen, timeout_s: float) -> dict | None:
+    """The child's JSON line once it has scored once; None if it exits or says nothing in time
+    (other output lines are skipped)."""
+    import selectors
+
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(child.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=max(deadline - time.monotonic(), 0.0)):
+                return None
+            line = child.stdout.readline()
+            if not line:  # end of output: the child exited
+                return None
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _on_sigterm(_signum, _frame) -> None:
+    raise SystemExit(143)  # through measure()'s finally, which kills the (maybe stopped) child
+
+
+def measure(run_dir: Path, cycles: int, block: int, seed: int, owner_args: list[str],
+            start_timeout_s: float = 600.0) -> tuple[list, dict]:
     """(the cycles' per-step seconds, the owner's rows, batch and dtype); `owner_args`: the child's flags."""
+    import tempfile
+
     from bench_tapped_update import tiny_trainer
 
+    from lab.owner_process import die_with_parent
+
     trainer, _ = tiny_trainer(seed)
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--score-forever", str(run_dir), *owner_args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    step = 0
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with tempfile.TemporaryFile(mode="w+") as errors:  # a pipe nobody reads could fill and stall the child
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--score-forever", str(run_dir), *owner_args],
+            stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            # a stopped child keeps SIGTERM pending, so it must die of SIGKILL; a prctl call, safe after fork
+            preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))  # noqa: PLW1509
+        step = 0
 
-    def timed_step() -> dict[str, float]:
-        nonlocal step
-        wall, cpu = time.perf_counter(), time.thread_time()
-        groups = trainer.sample_and_rollout(step).groups
-        wall_mid, cpu_mid = time.perf_counter(), time.thread_time()
-        trainer.update(groups)
-        wall_end, cpu_end = time.perf_counter(), time.thread_time()
-        step += 1
-        return {"cpu/generation": cpu_mid - cpu, "cpu/update": cpu_end - cpu_mid, "cpu/step": cpu_end - cpu,
-                "wall/generation": wall_mid - wall, "wall/update": wall_end - wall_mid, "wall/step": wall_end - wall}
+        def timed_step() -> dict[str, float]:
+            nonlocal step
+            wall, cpu = time.perf_counter(), time.thread_time()
+            groups = trainer.sample_and_rollout(step).groups
+            wall_mid, cpu_mid = time.perf_counter(), time.thread_time()
+            trainer.update(groups)
+            wall_end, cpu_end = time.perf_counter(), time.thread_time()
+            step += 1
+            return {"cpu/generation": cpu_mid - cpu, "cpu/update": cpu_end - cpu_mid, "cpu/step": cpu_end - cpu,
+                    "wall/generation": wall_mid - wall, "wall/update": wall_end - wall_mid, "wall/step": wall_end - wall}
 
-    try:
-        line = child.stdout.readline()
-        if not line.startswith("{"):
+        def child_failed(what: str) -> SystemExit:
             child.kill()
-            raise SystemExit(f"the owner's scoring did not start:\n{child.stderr.read()[-3000:]}")
-        owner = json.loads(line)
-        for _ in range(2):  # warm-up: the trainer's allocator and kernels
-            timed_step()
-        out = []
-        for c in range(cycles):
-            cycle: dict[str, dict[str, list[float]]] = {"beside": {}, "alone": {}}
-            for beside in ((True, False) if c % 2 == 0 else (False, True)):
-                os.kill(child.pid, signal.SIGCONT if beside else signal.SIGSTOP)
-                for _ in range(block):
-                    for key, seconds in timed_step().items():
-                        cycle["beside" if beside else "alone"].setdefault(key, []).append(seconds)
-            out.append(cycle)
-        return out, owner
-    finally:
-        child.kill()  # a stopped process dies of SIGKILL too
-        child.wait()
+            child.wait()
+            errors.seek(0)
+            return SystemExit(f"the owner's scoring process {what}:\n{errors.read()[-3000:]}")
+
+        try:
+            owner = _ready_line(child, start_timeout_s)
+            if owner is None:
+                exited = child.poll() is not None
+                raise child_failed("ended before its first scoring" if exited
+                                   else f"did not start within {start_timeout_s:.0f} s")
+            for _ in range(2):  # warm-up: the trainer's allocator and kernels
+                timed_step()
+            out = []
+            for c in range(cycles):
+                cycle: dict[str, dict[str, list[float]]] = {"beside": {}, "alone": {}}
+                for beside in ((True, False) if c % 2 == 0 else (False, True)):
+                    if child.poll() is not None:  # a dead child would make every block "alone"
+                        raise child_failed("ended during the measurement")
+                    os.kill(child.pid, signal.SIGCONT if beside else signal.SIGSTOP)
+                    for _ in range(block):
+                        for key, seconds in timed_step().items():
+                            cycle["beside" if beside else "alone"].setdefault(key, []).append(seconds)
+                out.append(cycle)
+            return out, owner
+        finally:
+            child.kill()  # a stopped process dies of SIGKILL too
+            child.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a finished `trainer-node simulate` run folder")
-    parser.add_argument("--cycles", type=int, default=12, help="cycles of --block steps beside and --block alone")
-    parser.add_argument("--block", type=int, default=2, help="steps per block")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cycles", type=int, default=12,
+                        help="cycles of --block steps beside the scoring and --block alone (>= 2)")
+    parser.add_argument("--block", type=int, default=2, help="the trainer's steps per block (>= 1)")
+    parser.add_argument("--seed", type=int, default=0, help="the trainer's seed (its prompts and sampling)")
     parser.add_argument("--batch", type=int, default=None,
                         help="score a query's rows in batches of this many (default: the owner's evaluation.batch_size)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="the owner's scoring dtype (default: the owner's evaluation.dtype)")
-    parser.add_argument("--max-new-tokens", type=int, default=8, help="the trainer's decoding (simulate: 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=8,
+                        help="new tokens per row in the owner's scoring: a query's decoding (simulate asks 8)")
     parser.add_argument("--nice", type=int, default=None,
-                        help="the owner's CPU priority (default: [simulated_owner] nice's default)")
+                        help="the owner's CPU priority, 0-19 (default: [simulated_owner] nice's default)")
     parser.add_argument("--json", type=Path, help="also write every cycle's raw seconds here")
     parser.add_argument("--score-forever", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -170,14 +219,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_forever:
         score_forever(args.run_dir, args.batch, args.dtype, args.max_new_tokens, args.nice)
         return 0
-    if args.cycles < 2 or args.block < 1:
-        parser.error(f"--cycles must be >= 2 (a paired interval) and --block >= 1, not {args.cycles} and {args.block}")
+    if args.cycles < 2:
+        parser.error(f"--cycles must be >= 2 (a paired interval needs two cycles), not {args.cycles}")
+    if args.block < 1:
+        parser.error(f"--block must be >= 1 step, not {args.block}")
     if args.batch is not None and args.batch < 1:
         parser.error(f"--batch must be a positive number of rows, not {args.batch}")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be >= 1, not {args.max_new_tokens}")
+    if not 0 <= args.nice <= 19:
+        parser.error(f"--nice must be between 0 and 19 (as for nice(1)), not {args.nice}")
     from bench_owner_scoring import owner_folder
 
     try:
         owner_folder(args.run_dir)
+        busy, steps = in_flight_share(args.run_dir)  # read first: a run without it fails now, not after measuring
     except FileNotFoundError as err:
         parser.error(str(err))
     owner_args = ["--max-new-tokens", str(args.max_new_tokens), "--nice", str(args.nice)]
@@ -185,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     cycles, owner = measure(args.run_dir, args.cycles, args.block, args.seed, owner_args)
     print(f"the owner's scoring beside the trainer: {args.cycles} cycles of {args.block} steps beside it and "
           f"{args.block} alone (owner: {SCORED_CHECKPOINTS} of the run's checkpoints, {owner['rows']} rows per "
-          f"scoring in batches of {owner['batch']}, {owner['dtype']}, {args.max_new_tokens} new tokens, nice {args.nice}; "
-          f"trainer: 1 thread)")
+          f"scoring in batches of {owner['batch']}, {owner['dtype']}, {args.max_new_tokens} new tokens, "
+          f"nice {args.nice}; trainer: 1 thread)")
     figures = {clock: summarize(cycles, clock) for clock in ("cpu", "wall")}
     for phase in PHASES:
         cells = []
@@ -194,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             mean, low, high = figures[clock][phase]
             cells.append(f"{clock} {mean:.3f}x [{low:.3f}, {high:.3f}]")
         print(f"  {phase:10s} beside / alone: " + ", ".join(cells))
-    busy, steps = in_flight_share(args.run_dir)
-    step_ratio = figures["wall"]["step"][0]
+    step_ratio = figures["cpu"]["step"][0]  # computing slower, not waiting: what the shared machine costs
     print(f"{args.run_dir}: a query in flight in {busy} of {steps} steps; predicted loop excess "
-          f"{busy}/{steps} x ({step_ratio:.3f} - 1) = {predicted_excess(step_ratio, busy, steps):+.1%}")
+          f"{busy}/{steps} x (CPU step ratio {step_ratio:.3f} - 1) = {predicted_excess(step_ratio, busy, steps):+.1%}")
     if args.json:
         args.json.write_text(json.dumps({"cycles": cycles, "owner": owner, "in_flight_steps": busy, "steps": steps},
                                         indent=1))

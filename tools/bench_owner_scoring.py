@@ -51,6 +51,11 @@ def owner_of(run_dir: Path) -> tuple:
     return spec, _load(spec.heldout_path, spec.verifier), stored
 
 
+def query_decoding(max_new_tokens: int) -> dict:
+    """A feedback query's decoding as the worker receives it (one sample per row, as simulate asks)."""
+    return {"max_new_tokens": max_new_tokens, "samples_per_prompt": 1, "seed": 1, "temperature": 1.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a finished `trainer-node simulate` run folder")
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     stored = stored[: max(args.models, 2)]
     rows = list(range(min(args.rows, len(split.examples))))
-    decoding = {"max_new_tokens": args.max_new_tokens, "samples_per_prompt": 1, "seed": 1, "temperature": 1.0}
+    decoding = query_decoding(args.max_new_tokens)
     print(f"owner batch {spec.batch_size} rows x prompt width {spec.max_prompt_tokens} tokens, "
           f"{args.max_new_tokens} new tokens; {len(stored)} stored checkpoints of {args.run_dir}")
     engine = None

@@ -76,6 +76,8 @@ def tiny_trainer(seed: int):
     import numpy as np
     import torch
 
+    if str(ROOT) not in sys.path:  # the project's packages, and tests/ for the toy pool
+        sys.path.insert(0, str(ROOT))
     from rlvr_core.engines.registry import build_engine
     from rlvr_core.models.loading import load_policy
     from rlvr_core.models.memory import keep_freed_memory
