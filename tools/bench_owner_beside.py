@@ -6,17 +6,17 @@
 RUN_DIR is a finished `trainer-node simulate` run (its owner/ folder: the owner's config, its
 held-out split and the checkpoints the run sent). A child process scores those checkpoints over
 and over, the way the owner's evaluation worker scores a query (tools/bench_owner_scoring.py's
-setup: one resident model, weights applied in place, the owner's fixed batch and prompt width,
-one thread; each scoring is one query's rows: the owner's fixed batch, which `simulate` sets to
-a query's rows, or those rows in batches of --batch; in the owner's dtype or --dtype), at the
-simulated owner's CPU priority
-([simulated_owner] nice). This process runs
-the simulation's tiny policy through GRPO steps, a rollout then an update at one thread
-(tools/bench_tapped_update.py's setup), and stops and resumes the child (SIGSTOP, SIGCONT): each
-cycle is --block steps beside the scoring and --block steps alone, in an order that alternates
-from cycle to cycle, so that drift in the host's speed hits both alike. Each step's generation
-and update are timed by the training thread's CPU clock (what it computed; not the time it
-waited for a core) and by the wall clock.
+setup: one resident model, weights applied in place, the owner's prompt width, one thread), at
+the simulated owner's CPU priority ([simulated_owner] nice). Each scoring is one query's rows:
+the owner's fixed batch, which `simulate` sets to a query's rows, or those rows in batches of
+--batch; in the owner's dtype, or --dtype.
+
+This process runs the simulation's tiny policy through GRPO steps, a rollout then an update at
+one thread (tools/bench_tapped_update.py's setup), and stops and resumes the child (SIGSTOP,
+SIGCONT): each cycle is --block steps beside the scoring and --block steps alone, in an order
+that alternates from cycle to cycle, so that drift in the host's speed hits both alike. Each
+step's generation and update are timed by the training thread's CPU clock (what it computed; not
+the time it waited for a core) and by the wall clock.
 
 It prints, for generation, update and the whole step, the geometric mean over cycles of
 beside / alone, with its paired 95% t-interval. Then, from RUN_DIR's metrics.jsonl, the share of
