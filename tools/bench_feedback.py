@@ -598,15 +598,17 @@ def _loop_ratio(data: dict, arm: str) -> str:
         return "not run (--arms)" if arm not in data.get("only", [arm]) else "not in this tree"
     rounds = [r for r in data.get("rounds") or [{arm: data[arm]["loop_s"], "ablation": data["ablation"]["loop_s"]}]
               if arm in r and "ablation" in r]
-    ratios = sorted(r[arm] / r["ablation"] for r in rounds)
-    middle = len(ratios) // 2
-    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
     run = data[arm]
     each = ", ".join(f"{r[arm]:.0f}/{r['ablation']:.0f}" for r in rounds)
+    return (f"{_ratios_cell([r[arm] / r['ablation'] for r in rounds])} ({each} s; {run['steps']} steps, "
+            f"{run['queries']} queries)")
+
+
+def _ratios_cell(ratios: list[float]) -> str:
+    """"<median>x median of <n>", and the geometric mean with its paired interval from two rounds on."""
     interval = paired_interval(ratios)
     mean = f"; geometric mean {interval[0]:.2f}x [{interval[1]:.2f}, {interval[2]:.2f}]" if interval else ""
-    return (f"{median:.2f}x median of {len(ratios)}{mean} ({each} s; {run['steps']} steps, "
-            f"{run['queries']} queries)")
+    return f"{statistics.median(ratios):.2f}x median of {len(ratios)}{mean}"
 
 
 def paired_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
@@ -675,10 +677,7 @@ def _per_rollout_ratio(data: dict, arm: str) -> str:
         return "not recorded"
     ratios = [(loops[arm] / counts[arm]) / (loops["ablation"] / counts["ablation"]) for loops, counts in pairs]
     work = statistics.median(counts[arm] / counts["ablation"] for _, counts in pairs)
-    interval = paired_interval(ratios)
-    mean = f"; geometric mean {interval[0]:.2f}x [{interval[1]:.2f}, {interval[2]:.2f}]" if interval else ""
-    return (f"{statistics.median(ratios):.2f}x median of {len(ratios)}{mean} "
-            f"(trained rollouts: {work:.2f}x the ablation's, median)")
+    return f"{_ratios_cell(ratios)} (trained rollouts: {work:.2f}x the ablation's, median)"
 
 
 def _bytes_per_query(data: dict) -> str:

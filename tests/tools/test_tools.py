@@ -91,9 +91,13 @@ def test_bench_owner_beside_names_a_folder_that_is_not_a_run(tmp_path):
     assert result.returncode == 2 and "owner/config.toml not found" in result.stderr
 
 
-def test_bench_owner_beside_refuses_too_few_cycles(tmp_path):
-    result = run_tool("bench_owner_beside.py", str(tmp_path), "--cycles", "1")
-    assert result.returncode == 2 and "--cycles must be >= 2" in result.stderr
+@pytest.mark.parametrize("flag, value, message", [
+    ("--cycles", "1", "--cycles must be >= 2"), ("--block", "0", "--block must be >= 1"),
+    ("--batch", "0", "--batch must be a positive number"), ("--max-new-tokens", "0", "--max-new-tokens must be >= 1"),
+    ("--nice", "20", "--nice must be between 0 and 19")])
+def test_bench_owner_beside_refuses_a_bad_flag_naming_it(tmp_path, flag, value, message):
+    result = run_tool("bench_owner_beside.py", str(tmp_path), flag, value)
+    assert result.returncode == 2 and message in result.stderr
 
 
 def test_bench_owner_beside_pairs_each_cycle_and_predicts_the_loop_excess(tmp_path):
