@@ -109,10 +109,23 @@ def score_rows(
     generations = engine.generate(
         prompts, decoding.samples_per_prompt, decoding.sampling_params(), row_keys=row_keys, shape=shape
     )
-    scores = np.zeros(len(examples))
-    for row, (example, samples) in enumerate(zip(examples, generations)):
-        scorer = _keyed_scorer(decoding.seed, row_keys[row], verifier) if score_fn is None else _unkeyed(score_fn)
-        scores[row] = _row_score(samples, example, scorer)
+    if score_fn is not None:
+        return np.array([_row_score(samples, example, _unkeyed(score_fn))
+                         for example, samples in zip(examples, generations)], dtype=np.float64)
+    return sample_scores(generations, examples, decoding.seed, row_keys, verifier=verifier).mean(axis=1)
+
+
+def sample_scores(
+    generations: Sequence[Sequence[Any]], examples: Sequence[Example], seed: int, row_keys: Sequence[int],
+    *, verifier: Any = None,
+) -> np.ndarray:
+    """(rows, samples) clamped scores of each generation (0 for a placeholder row or any failure),
+    each the draw keyed (seed, row key, sample index) under `verifier` or the row's own."""
+    samples = max((len(row) for row in generations), default=0)
+    scores = np.zeros((len(examples), samples))
+    for row, (example, generated) in enumerate(zip(examples, generations)):
+        scorer = _keyed_scorer(seed, row_keys[row], verifier)
+        scores[row, : len(generated)] = _sample_values(generated, example, scorer)
     return scores
 
 
@@ -146,11 +159,16 @@ def _render_or_empty(rendering: Rendering, example: Example) -> str:
 
 def _row_score(samples: Sequence[Any], example: Example, score_fn: SampleScoreFn) -> float:
     """Mean clamped score of one row's samples; 0 for a placeholder row or any failure."""
+    values = _sample_values(samples, example, score_fn)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _sample_values(samples: Sequence[Any], example: Example, score_fn: SampleScoreFn) -> list[float]:
+    """Clamped score of each of one row's samples; all 0 for a placeholder row or any failure."""
     try:
         if not samples or not all(sample.encoded for sample in samples):
-            return 0.0
+            return [0.0] * len(samples)
         values = [float(score_fn(sample.text, example, k)) for k, sample in enumerate(samples)]
-        values = [min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0 for value in values]
-        return sum(values) / len(values)
+        return [min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0 for value in values]
     except Exception:  # noqa: BLE001 - never raised, never logged: the text could quote data
-        return 0.0
+        return [0.0] * len(samples)

@@ -28,11 +28,13 @@ from rlvr_core.configuration import (
     load_toml,
     validate,
 )
+from rlvr_core.differences import ANSWER_FIELD, DEFAULT_ANSWER_TEMPLATE
 from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
 from rlvr_core.tasks.rendering import CHAT_FORMATS, Rendering, RenderingError, read_chat_template
 from rlvr_core.verifiers import get_verifier, verifier_names
 
 PER_EXAMPLE = "per_example"
+DEFAULT_DIFFERENCE_METRICS = ("answer_probability", "importance", "log_ratio")
 STATE_MARKER_NAME = ".target-owner-node-state.json"  # see target_owner_node.state_marker
 
 
@@ -90,6 +92,12 @@ class DataConfig(Section):
         "grader ('noisy_flip', 'partial_checks': rlvr_core/verifiers/noisy.py) whose draws are keyed by "
         "(seed, row, sample): a registered name, or a table with its options, e.g. { name = \"noisy_flip\", "
         "flip_rate = 0.1 }; None: `verifier`. Private: GetInfo declares `verifier`.",
+    )
+    answer_template: str = Field(
+        default=DEFAULT_ANSWER_TEMPLATE,
+        description="How a row's reference answer is written as a completion for the answer metrics of "
+        "difference releases ('answer_probability'): {answer} once, replaced by the answer; EOS follows. "
+        "The default suits a prompt ending in 'Answer:'. Public: GetInfo publishes it.",
     )
 
     _chat_template: str = PrivateAttr(default="")
@@ -155,6 +163,13 @@ class DataConfig(Section):
             make_verifier(v)  # a ValidationError located at the bad option: data.feedback_verifier.<option>
         return v
 
+    @field_validator("answer_template")
+    @classmethod
+    def _answer_template(cls, v: str) -> str:
+        if v.count(ANSWER_FIELD) != 1:
+            raise ValueError(f"must contain {ANSWER_FIELD} exactly once (where the answer goes); got {v!r}")
+        return v
+
     @field_validator("test_domains")
     @classmethod
     def _domains(cls, v: list[str] | None) -> list[str] | None:
@@ -210,6 +225,19 @@ class EvaluationConfig(Section):
         "many seconds after the request arrived. A second timing defence for engines without fixed shapes "
         "(vLLM); 0 = off.",
     )
+    difference_metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DIFFERENCE_METRICS),
+        description="The per-row metrics of the difference releases this node serves "
+        "(RELEASE_KIND_ACCURACY_DIFFERENCE: each candidate's clipped accuracy change from a base, noise "
+        "calibrated to the request's clip; rlvr_core/differences.py): registered names, e.g. "
+        "'answer_probability', 'importance', 'log_ratio'. [] = accuracy releases only. Needs an engine that "
+        "scores given completions (transformers). GetInfo publishes them.",
+    )
+    max_difference_clip: float = Field(
+        default=1.0,
+        description="The largest per-row clip a difference release may ask for (the noise std on each "
+        "released difference is the accuracy noise std times the request's clip). Public.",
+    )
 
     @field_validator(
         "max_new_tokens",
@@ -238,6 +266,37 @@ class EvaluationConfig(Section):
         if not (v >= 0 and math.isfinite(v)):
             raise ValueError(f"must be 0 (off) or a positive number of seconds; got {v}")
         return v
+
+    @field_validator("difference_metrics")
+    @classmethod
+    def _difference_metrics(cls, v: list[str]) -> list[str]:
+        from rlvr_core.differences import difference_metric_names
+
+        known = difference_metric_names()
+        unknown = [name for name in v if name not in known]
+        if unknown:
+            raise ValueError(f"unknown difference metric {unknown[0]!r}; known: {', '.join(known)} (or [] for none)")
+        if len(set(v)) != len(v):
+            raise ValueError("each metric may be listed once")
+        return v
+
+    @field_validator("max_difference_clip")
+    @classmethod
+    def _clip(cls, v: float) -> float:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"must be a positive number; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _engine_scores_completions(self) -> EvaluationConfig:
+        from rlvr_core.engines.registry import ENGINES
+
+        if (self.difference_metrics and self.engine in ENGINES
+                and not getattr(ENGINES.get(self.engine), "teacher_forcing", False)):
+            raise ValueError(f"difference_metrics: engine {self.engine!r} cannot score given completions, which "
+                                 "difference releases need; set evaluation.difference_metrics = [] or use the "
+                                 "'transformers' engine")
+        return self
 
 
 class PrivacyConfig(Section):

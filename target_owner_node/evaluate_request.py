@@ -18,8 +18,51 @@ from target_owner_node.config import EvaluationConfig
 
 FEEDBACK = "feedback"
 TEST = "test"
+ACCURACY = "accuracy"
+DIFFERENCE = "difference"
 MAX_TEMPERATURE = 10.0
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """What a feedback release measures: accuracy (metric "") or clipped differences from the base."""
+
+    kind: str = ACCURACY  # ACCURACY or DIFFERENCE
+    metric: str = ""  # DIFFERENCE: a registered difference metric the node serves
+    clip: float = 0.0  # DIFFERENCE: the public per-row bound
+
+    @property
+    def is_difference(self) -> bool:
+        return self.kind == DIFFERENCE
+
+    def released(self, checkpoints: int) -> int:
+        """How many values a release of `checkpoints` checkpoints holds (a difference release's base has none)."""
+        return checkpoints - 1 if self.is_difference else checkpoints
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "metric": self.metric, "clip": self.clip} if self.is_difference else {"kind": self.kind}
+
+    @classmethod
+    def from_json(cls, data: object) -> ReleaseSpec:
+        """Parse a ledger entry's `release` (absent in entries from before release kinds: accuracy). Strict."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict) or data.get("kind") not in (ACCURACY, DIFFERENCE):
+            raise ValueError("release must be an object with kind 'accuracy' or 'difference'")
+        if data["kind"] == ACCURACY:
+            if set(data) != {"kind"}:
+                raise ValueError("an accuracy release has no metric or clip")
+            return cls()
+        metric, clip = data.get("metric"), data.get("clip")
+        if set(data) != {"kind", "metric", "clip"} or not isinstance(metric, str) or not metric:
+            raise ValueError("a difference release needs exactly kind, metric and clip")
+        if isinstance(clip, bool) or not isinstance(clip, int | float) or not (math.isfinite(clip) and clip > 0):
+            raise ValueError("release.clip must be a positive number")
+        return cls(DIFFERENCE, metric, float(clip))
+
+
+ACCURACY_RELEASE = ReleaseSpec()
 
 
 @dataclass(frozen=True)
@@ -28,6 +71,7 @@ class EvaluateInputs:
     decoding: Decoding
     split: str  # FEEDBACK or TEST
     request_id: str  # "" when the client sent none (no idempotency)
+    release: ReleaseSpec = ACCURACY_RELEASE
 
     def fingerprint(self) -> str:
         """What a reused request_id must match to be treated as a retry."""
@@ -36,6 +80,8 @@ class EvaluateInputs:
             "decoding": self.decoding.to_json(),
             "split": self.split,
         }
+        if self.release.is_difference:  # absent for accuracy: fingerprints from before release kinds still match
+            body["release"] = self.release.to_json()
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -126,4 +172,49 @@ def parse_evaluate_request(
             errors.INVALID_REQUEST, "request_id: 1-128 characters from A-Z a-z 0-9 . _ : - (a UUID works)"
         )
     decoding = Decoding(max_new_tokens, samples, float(d.temperature), int(d.seed))
-    return EvaluateInputs(ids, decoding, split, request.request_id)
+    release = parse_release(request, limits, split, len(ids), decoding)
+    return EvaluateInputs(ids, decoding, split, request.request_id, release)
+
+
+def parse_release(
+    request: pb.EvaluateRequest, limits: EvaluationConfig, split: str, checkpoints: int, decoding: Decoding
+) -> ReleaseSpec:
+    """The request's release kind, checked against what this node serves (public facts only)."""
+    has_difference = request.HasField("difference")
+    if request.kind in (pb.RELEASE_KIND_UNSPECIFIED, pb.RELEASE_KIND_ACCURACY):
+        if has_difference:
+            raise invalid(errors.INVALID_REQUEST, "difference: only a RELEASE_KIND_ACCURACY_DIFFERENCE request "
+                          "carries difference settings; set kind or leave difference unset")
+        return ACCURACY_RELEASE
+    if request.kind != pb.RELEASE_KIND_ACCURACY_DIFFERENCE:
+        raise invalid(errors.INVALID_REQUEST, f"kind: unknown release kind {request.kind}")
+    served = limits.difference_metrics
+    if not served:
+        raise invalid(errors.RELEASE_KIND_NOT_SERVED, "kind: this node does not serve difference releases "
+                      "(GetInfo.release_kinds); ask for RELEASE_KIND_ACCURACY")
+    if split != FEEDBACK:
+        raise invalid(errors.INVALID_REQUEST, "kind: difference releases are for the feedback split only; the "
+                      "test split releases accuracy")
+    if checkpoints < 2:
+        raise invalid(errors.INVALID_REQUEST, "checkpoint_ids: a difference release needs the base first and at "
+                      "least one candidate after it")
+    if not has_difference:
+        raise invalid(errors.INVALID_REQUEST, "difference: required with RELEASE_KIND_ACCURACY_DIFFERENCE "
+                      "(metric and clip)")
+    metric, clip = request.difference.metric, request.difference.clip
+    if metric not in served:
+        raise invalid(errors.RELEASE_KIND_NOT_SERVED, f"difference.metric: this node serves {', '.join(served)}; "
+                      f"got {metric!r}", served=",".join(served))
+    if not (math.isfinite(clip) and 0 < clip <= limits.max_difference_clip):
+        raise invalid(errors.DECODING_OUT_OF_LIMITS, f"difference.clip: must be in (0, {limits.max_difference_clip:g}]"
+                      f"; got {clip}", limit=repr(limits.max_difference_clip))
+    from rlvr_core.differences import difference_metric, scoring_temperature
+
+    try:
+        scoring_temperature(difference_metric(metric), decoding)
+    except ValueError as error:
+        raise invalid(errors.DECODING_OUT_OF_LIMITS, f"{error}; set decoding.temperature (e.g. 1.0)") from None
+    if not difference_metric(metric).generates and decoding.samples_per_prompt != 1:
+        raise invalid(errors.DECODING_OUT_OF_LIMITS, f"decoding.samples_per_prompt: metric {metric!r} scores the "
+                      "reference answer, not samples; set it to 1 (or leave it unset)")
+    return ReleaseSpec(DIFFERENCE, metric, float(clip))

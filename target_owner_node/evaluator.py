@@ -34,6 +34,13 @@ class Scorer(Protocol):
     ) -> np.ndarray:
         """Per-row scores, shape (len(checkpoints), len(indices)), values in [0, 1]."""
 
+    def differences(
+        self, split: str, checkpoints: Sequence[tuple[str, Path]], indices: np.ndarray, decoding: Decoding,
+        metric: str, clip: float,
+    ) -> np.ndarray:
+        """Per-row differences of checkpoints[1:] from checkpoints[0] (rlvr_core/differences.py),
+        shape (len(checkpoints) - 1, len(indices)), values in [-clip, clip]."""
+
     def close(self) -> None: ...
 
 
@@ -124,13 +131,25 @@ class WorkerScorer:
     ) -> np.ndarray:
         if len(indices) == 0:
             return np.zeros((len(checkpoints), 0))
-        request = (
-            "score",
-            split,
-            [(cid, str(path), self._digests(cid)) for cid, path in checkpoints],
-            [int(i) for i in indices],
-            decoding.to_json(),
-        )
+        request = ("score", split, self._checkpoints(checkpoints), [int(i) for i in indices], decoding.to_json())
+        return np.clip(self._array(request, (len(checkpoints), len(indices))), 0.0, 1.0)
+
+    def differences(
+        self, split: str, checkpoints: Sequence[tuple[str, Path]], indices: np.ndarray, decoding: Decoding,
+        metric: str, clip: float,
+    ) -> np.ndarray:
+        shape = (len(checkpoints) - 1, len(indices))
+        if len(indices) == 0:
+            return np.zeros(shape)
+        request = ("differences", split, self._checkpoints(checkpoints), [int(i) for i in indices],
+                   decoding.to_json(), str(metric), float(clip))
+        return np.clip(self._array(request, shape), -clip, clip)
+
+    def _checkpoints(self, checkpoints: Sequence[tuple[str, Path]]) -> list[tuple[str, str, dict[str, str]]]:
+        return [(cid, str(path), self._digests(cid)) for cid, path in checkpoints]
+
+    def _array(self, request: tuple, shape: tuple[int, int]) -> np.ndarray:
+        """The worker's array for one request; any error, wrong shape or non-finite value is one generic error."""
         status, payload = self._call(request)
         if status != "ok":
             if payload == MODEL_LOAD_FAILED:
@@ -138,10 +157,10 @@ class WorkerScorer:
                     grpc.StatusCode.INTERNAL, "a checkpoint could not be loaded by the evaluator"
                 )
             raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
-        scores = np.asarray(payload, dtype=np.float64)
-        if scores.shape != (len(checkpoints), len(indices)) or not np.all(np.isfinite(scores)):
+        values = np.asarray(payload, dtype=np.float64)
+        if values.shape != shape or not np.all(np.isfinite(values)):
             raise evaluation_failed(grpc.StatusCode.INTERNAL, "the evaluation failed")
-        return np.clip(scores, 0.0, 1.0)
+        return values
 
     def _digests(self, checkpoint_id: str) -> dict[str, str]:
         return self.file_digests(checkpoint_id) if self.file_digests is not None else {}

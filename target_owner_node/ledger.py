@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from target_owner_node.durable import append_line, write_atomically
+from target_owner_node.evaluate_request import ACCURACY_RELEASE, ReleaseSpec
 
 LEDGER_FILE = "privacy_ledger.jsonl"
 # Sent (INVALID_ARGUMENT / INVALID_REQUEST) for a retry of a charged-but-unfinished release
@@ -99,8 +100,14 @@ class PendingRelease:
     expected_size: float  # public q * N, the release denominator
     noise_std_sum: float  # std of the Gaussian noise on each candidate's sum
     mask: np.ndarray | None = field(compare=False)  # (N,) bool, the secret Poisson subsample
-    noise_draws: np.ndarray | None = field(compare=False)  # (k,) noise added to each candidate's sum
+    noise_draws: np.ndarray | None = field(compare=False)  # (k,) noise added to each released value's sum
     recovered: bool = False  # rebuilt from the audit log: no mask, no noise, cannot be resumed
+    release: ReleaseSpec = ACCURACY_RELEASE  # what it measures (accuracy, or clipped differences from a base)
+
+    @property
+    def released_count(self) -> int:
+        """How many values the release holds (one per checkpoint; a difference release's base has none)."""
+        return self.release.released(len(self.checkpoint_ids))
 
     def public_json(self) -> dict[str, Any]:
         """Every field except the secrets (subsample and noise): what the audit log may hold."""
@@ -119,6 +126,7 @@ class PendingRelease:
             "heldout_size": self.heldout_size,
             "expected_size": self.expected_size,
             "noise_std_sum": self.noise_std_sum,
+            **({"release": self.release.to_json()} if self.release.is_difference else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -143,12 +151,16 @@ class PendingRelease:
         checkpoint_ids = tuple(_str(x, "checkpoint_ids[]") for x in obj["checkpoint_ids"])
         if not checkpoint_ids:
             raise ValueError("checkpoint_ids must not be empty")
+        release = ReleaseSpec.from_json(obj.get("release"))
+        released = release.released(len(checkpoint_ids))
+        if released < 1:
+            raise ValueError("a difference release needs a base and at least one candidate")
         if recovered:
             if any(name in obj for name in _SECRET_FIELDS):
                 raise ValueError("a recovered entry must not carry mask or noise fields")
             mask = noise = None
         else:
-            mask, noise = _secrets(obj, size, len(checkpoint_ids))
+            mask, noise = _secrets(obj, size, released)
         if not isinstance(obj["decoding"], dict):
             raise ValueError("decoding must be an object")
         return cls(
@@ -169,10 +181,11 @@ class PendingRelease:
             mask=mask,
             noise_draws=noise,
             recovered=recovered,
+            release=release,
         )
 
 
-def _secrets(obj: dict[str, Any], size: int, num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+def _secrets(obj: dict[str, Any], size: int, released: int) -> tuple[np.ndarray, np.ndarray]:
     """The secret subsample mask and noise draws of a (not recovered) pending entry."""
     packed = base64.b64decode(obj["mask_b64"], validate=True)
     if hashlib.sha256(packed).hexdigest() != obj["mask_sha256"]:
@@ -181,8 +194,8 @@ def _secrets(obj: dict[str, Any], size: int, num_candidates: int) -> tuple[np.nd
     if mask.size != size:
         raise ValueError("mask shorter than heldout_size")
     noise = np.asarray([_float(x, "noise_draws[]") for x in obj["noise_draws"]], dtype=np.float64)
-    if noise.shape != (num_candidates,):
-        raise ValueError("noise_draws must have one entry per checkpoint")
+    if noise.shape != (released,):
+        raise ValueError("noise_draws must have one entry per released value")
     return mask, noise
 
 
@@ -239,8 +252,8 @@ class Ledger:
             if release is None:
                 raise ValueError("completed entry for an unknown release_id")
             values = tuple(_float(x, "values[]") for x in obj["values"])
-            if len(values) != len(release.pending.checkpoint_ids):
-                raise ValueError("values must have one entry per checkpoint")
+            if len(values) != release.pending.released_count:
+                raise ValueError("values must have one entry per released value")
             release.values = values
         else:
             raise ValueError("unknown entry type")

@@ -211,10 +211,10 @@ def rebuild_ledger(ledger_path: Path, audit: AuditLog, force: bool = False) -> R
         for release_id, pending in recorded.charges.items()
     ]
     for release in releases:
-        if release.completed and len(release.values) != len(release.pending.checkpoint_ids):
+        if release.completed and len(release.values) != release.pending.released_count:
             raise AuditRecordError(
                 f"audit log {audit.path}: release {release.pending.release_id} has "
-                f"{len(release.values)} values for {len(release.pending.checkpoint_ids)} checkpoints"
+                f"{len(release.values)} values where its charge releases {release.pending.released_count}"
             )
     moved_aside = None
     if ledger_path.exists():

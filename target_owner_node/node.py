@@ -105,6 +105,8 @@ def worker_spec(config: OwnerConfig) -> WorkerSpec:
         chat_template=rendering.chat_template,
         chat_format=rendering.chat_format,
         feedback_verifier=data.feedback_verifier or "",
+        answer_template=data.answer_template,
+        teacher_forcing=bool(evaluation.difference_metrics),
     )
 
 

@@ -3,12 +3,16 @@
 * DP feedback (privacy.enabled): a fresh secret Poisson subsample of the held-out rows
   (each kept with probability q), every candidate scored on that same subsample with the
   same decoding seed, per-candidate sums + Gaussian noise (std z on each sum), divided by
-  the PUBLIC expected size q*N. Order of effects, so that no crash can undercount:
+  the PUBLIC expected size q*N. A difference release (ReleaseSpec.is_difference) sums each
+  candidate's per-row differences from the base (checkpoint_ids[0]), clipped to the request's
+  public [-c, c], with noise std z * c: the same event as an accuracy release of as many
+  values. Order of effects, so that no crash can undercount:
       check budget + write PENDING (subsample, noise, charge) to the ledger, fsync
       -> evaluate -> write COMPLETED (values), fsync -> audit -> respond.
   A retry with the same request_id returns the recorded values; a retry of a release that
   was charged but never completed re-runs it with the stored subsample and noise.
-* Exact feedback (privacy disabled): mean over every held-out row, nothing charged.
+* Exact feedback (privacy disabled): mean over every held-out row (of the scores, or of the
+  clipped differences), nothing charged.
 * Test split (only when configured): exact mean over the whole test split plus per-domain
   means; never charged (it is not the private feedback split), always audited.
 """
@@ -27,11 +31,17 @@ import numpy as np
 
 from protocol import errors
 from protocol.errors import ProtocolError, invalid
-from protocol.privacy.mechanisms import capped_poisson_mask, gaussian_noise, replay_release, rows_per_query
+from protocol.privacy.mechanisms import (
+    capped_poisson_mask,
+    gaussian_noise,
+    replay_difference_release,
+    replay_release,
+    rows_per_query,
+)
 from target_owner_node.audit import AuditLog
 from target_owner_node.budget import Charge, PrivacyBudget, to_record
 from target_owner_node.checkpoint_store import CheckpointStore
-from target_owner_node.evaluate_request import FEEDBACK, TEST, EvaluateInputs
+from target_owner_node.evaluate_request import ACCURACY_RELEASE, FEEDBACK, TEST, EvaluateInputs, ReleaseSpec
 from target_owner_node.evaluator import Scorer
 from target_owner_node.heldout import SplitFacts
 from target_owner_node.ledger import RECOVERED_NOT_RESUMABLE, LedgerRelease, PendingRelease
@@ -65,6 +75,12 @@ class ReleaseResult:
     epsilon_spent_total: float = 0.0
     epsilon_remaining: float = 0.0
     delta: float = 0.0
+    release: ReleaseSpec = ACCURACY_RELEASE
+
+    @property
+    def valued_ids(self) -> tuple[str, ...]:
+        """The checkpoints `values` belong to, in order (a difference release's base has no value)."""
+        return self.checkpoint_ids[1:] if self.release.is_difference else self.checkpoint_ids
 
 
 @dataclass
@@ -177,10 +193,14 @@ class ReleaseService:
 
     def _charge(self, client: str, request: EvaluateInputs) -> PendingRelease:
         budget = self.budget
-        num_candidates = len(request.checkpoint_ids)
-        event = budget.event_for(num_candidates)
+        release = request.release
+        num_values = release.released(len(request.checkpoint_ids))
+        event = budget.event_for(num_values)
         n, rate = self.facts.heldout_size, budget.privacy.sample_rate
         source = self._source()
+        # One row moves each released sum by at most 1 (a score in [0, 1]) or c (a difference clipped to
+        # [-c, c]): noise of std z times that bound on every sum gives the same event either way.
+        noise_std_sum = budget.noise_multiplier * (release.clip if release.is_difference else 1.0)
 
         cap = self.rows_per_query
 
@@ -188,7 +208,7 @@ class ReleaseService:
             # The subsample and the noise are drawn before evaluation and stored with the charge,
             # so a crash-and-retry releases exactly what was paid for.
             mask = capped_poisson_mask(n, rate, cap, source)
-            noise = gaussian_noise(budget.noise_multiplier, num_candidates, source)
+            noise = gaussian_noise(noise_std_sum, num_values, source)
             return PendingRelease(
                 release_id=uuid.uuid4().hex,
                 request_id=request.request_id,
@@ -203,9 +223,10 @@ class ReleaseService:
                 client_epsilon_after=charge.client_epsilon_after,
                 heldout_size=n,
                 expected_size=rate * n,
-                noise_std_sum=budget.noise_multiplier,
+                noise_std_sum=noise_std_sum,
                 mask=mask,
                 noise_draws=noise,
+                release=release,
             )
 
         try:
@@ -243,8 +264,13 @@ class ReleaseService:
                 raise invalid(errors.UNKNOWN_CHECKPOINT, "a checkpoint of this release is no longer stored")
         sampled = np.flatnonzero(pending.mask)
         rows = self._padded_rows(sampled)
-        scores = self._score(FEEDBACK, pending.checkpoint_ids, rows, pending.decoding)
-        released = replay_release(scores[:, : len(sampled)], pending.expected_size, pending.noise_draws)
+        release = pending.release
+        scores = self._score(FEEDBACK, pending.checkpoint_ids, rows, pending.decoding, release)
+        if release.is_difference:
+            released = replay_difference_release(scores[:, : len(sampled)], pending.expected_size,
+                                                 pending.noise_draws, release.clip)
+        else:
+            released = replay_release(scores[:, : len(sampled)], pending.expected_size, pending.noise_draws)
         return tuple(float(v) for v in np.asarray(released).reshape(-1))
 
     def _padded_rows(self, sampled: np.ndarray) -> np.ndarray:
@@ -265,7 +291,7 @@ class ReleaseService:
     def _exact(self, client: str, request: EvaluateInputs, split: str) -> ReleaseResult:
         size = self.facts.heldout_size if split == FEEDBACK else self.facts.test_size
         indices = np.arange(size)
-        scores = self._score(split, request.checkpoint_ids, indices, request.decoding.to_json())
+        scores = self._score(split, request.checkpoint_ids, indices, request.decoding.to_json(), request.release)
         values = tuple(float(v) for v in scores.mean(axis=1))
         domains: tuple[dict[str, float], ...] = ()
         if split == TEST:
@@ -283,19 +309,27 @@ class ReleaseService:
             epsilon_spent_total=spent,
             epsilon_remaining=self.budget.remaining() if self.budget else 0.0,
             delta=self.budget.privacy.delta if self.budget else 0.0,
+            release=request.release,
         )
         self._audit_release(client, request, result)
         return result
 
     # -- helpers ---------------------------------------------------------------------------
-    def _score(self, split: str, checkpoint_ids, indices: np.ndarray, decoding: dict) -> np.ndarray:
+    def _score(self, split: str, checkpoint_ids, indices: np.ndarray, decoding: dict,
+               release: ReleaseSpec = ACCURACY_RELEASE) -> np.ndarray:
+        """(values, rows): each checkpoint's row scores, or each candidate's clipped row differences
+        from the base (checkpoint_ids[0]) for a difference release."""
         from target_owner_node.evaluate_request import Decoding
 
         started = time.monotonic()
         try:
             checkpoints = [(cid, self.store.materialize(cid)) for cid in checkpoint_ids]
             with self.metrics.evaluation():
-                scores = self.scorer.score(split, checkpoints, indices, Decoding.from_json(decoding))
+                if release.is_difference:
+                    scores = self.scorer.differences(split, checkpoints, indices, Decoding.from_json(decoding),
+                                                     release.metric, release.clip)
+                else:
+                    scores = self.scorer.score(split, checkpoints, indices, Decoding.from_json(decoding))
         except Exception as error:  # noqa: BLE001 - one fixed error, whatever failed and on which rows
             log_event("evaluation_incomplete", split=split, type=type(error).__name__)
             raise evaluation_incomplete() from None
@@ -305,7 +339,9 @@ class ReleaseService:
             checkpoint_ids=list(checkpoint_ids),
             seconds=round(time.monotonic() - started, 3),
         )
-        return scores
+        # The bounds the sensitivity rests on are enforced here, whatever the scorer returned.
+        bounds = (-release.clip, release.clip) if release.is_difference else (0.0, 1.0)
+        return np.clip(scores, *bounds)
 
     def _source(self):
         if self.random_source is None:
@@ -326,6 +362,7 @@ class ReleaseService:
             epsilon_spent_total=pending.epsilon_total_after,
             epsilon_remaining=max(0.0, budget.epsilon_budget - pending.epsilon_total_after),
             delta=budget.delta,
+            release=pending.release,
         )
 
     def _audit_release(self, client: str, request: EvaluateInputs, result: ReleaseResult) -> None:
@@ -339,6 +376,7 @@ class ReleaseService:
             request_id=request.request_id,
             split=request.split,
             dp=self.budget is not None and request.split == FEEDBACK,
+            release=request.release.to_json(),
             checkpoints=checkpoints,
             decoding=request.decoding.to_json(),
             values=list(result.values),

@@ -268,6 +268,13 @@ def info_response(node: OwnerNode, request: pb.GetInfoRequest | None = None) -> 
         test_split_enabled=facts.test_domains is not None,
         test_size=facts.test_size,
         test_domains=list(facts.declared_test_domains),
+        release_kinds=[pb.RELEASE_KIND_ACCURACY]
+        + ([pb.RELEASE_KIND_ACCURACY_DIFFERENCE] if evaluation.difference_metrics else []),
+        difference_support=pb.DifferenceSupport(
+            metrics=list(evaluation.difference_metrics),
+            max_clip=evaluation.max_difference_clip,
+            answer_template=config.data.answer_template,
+        ) if evaluation.difference_metrics else None,
     )
 
 
@@ -287,10 +294,13 @@ def declared_verifier(setting: str) -> tuple[int, str]:
 
 def evaluate_response(result: ReleaseResult) -> pb.EvaluateResponse:
     domains = result.domain_accuracy or tuple({} for _ in result.values)
+    difference = result.release.is_difference
+    field = "accuracy_difference" if difference else "accuracy"
     return pb.EvaluateResponse(
+        kind=pb.RELEASE_KIND_ACCURACY_DIFFERENCE if difference else pb.RELEASE_KIND_ACCURACY,
         results=[
-            pb.CandidateResult(checkpoint_id=cid, accuracy=value, domain_accuracy=domain)
-            for cid, value, domain in zip(result.checkpoint_ids, result.values, domains)
+            pb.CandidateResult(checkpoint_id=cid, domain_accuracy=domain, **{field: value})
+            for cid, value, domain in zip(result.valued_ids, result.values, domains, strict=True)
         ],
         privacy=pb.PrivacySpend(
             noise_std=result.noise_std,

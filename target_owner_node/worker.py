@@ -17,6 +17,8 @@ Protocol over a multiprocessing Pipe (all messages are tuples):
     worker -> server   ("ready", {"heldout_size": N, "test_size": T}) | ("error", kind)
     server -> worker   ("score", split, [(checkpoint_id, dir, {file: sha256}), ...], [row indices], decoding dict)
     worker -> server   ("ok", ndarray (num_candidates, num_rows)) | ("error", kind)
+    server -> worker   ("differences", split, [(base), (candidate), ...], [row indices], decoding dict, metric, clip)
+    worker -> server   ("ok", ndarray (num_candidates, num_rows)) | ("error", kind)
     server -> worker   ("probe", checkpoint_id, dir)      a dry run on public probe prompts
     worker -> server   ("ok", None) | ("error", kind)
     server -> worker   ("stop",)
@@ -65,6 +67,8 @@ class WorkerSpec:
     chat_format: str = ""
     # The feedback split's verifier when it differs (config data.feedback_verifier): a name or an options table.
     feedback_verifier: str | Mapping[str, Any] = ""
+    answer_template: str = " {answer}"  # data.answer_template: a reference answer as a completion
+    teacher_forcing: bool = False  # the node serves difference releases: the dry run teacher-forces too
 
     @property
     def rendering(self):
@@ -351,13 +355,20 @@ def dry_run(engine: Any, spec: WorkerSpec) -> None:
     prompts = [rendering.render(text) for text in PROBE_TEXTS]
     prompts += [spec.task_description] if spec.task_description else []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
-    engine.generate(
+    shape = evaluation_shape(spec, engine, max_new_tokens)
+    generations = engine.generate(
         prompts,
         spec.max_samples_per_prompt,
         params,
         row_keys=list(range(len(prompts))),
-        shape=evaluation_shape(spec, engine, max_new_tokens),
+        shape=shape,
     )
+    if spec.teacher_forcing:  # a difference release teacher-forces samples and answers at the same shape
+        samples = [[g.completion_ids for g in row] for row in generations]
+        engine.completion_logprobs([row[0].prompt_ids for row in generations], samples, 1.0, max_new_tokens, shape)
+        answers = engine.encode_completions(list(PROBE_TEXTS), max_new_tokens)
+        engine.completion_logprobs(engine.encode_prompts(prompts[: len(answers)], max_new_tokens, shape),
+                                   [[a] for a in answers], 1.0, max_new_tokens, shape)
 
 
 @dataclass(frozen=True)
@@ -414,6 +425,8 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
             return
         if message[0] == "probe":
             reply = _probe(cache, spec, *message[1:])
+        elif message[0] == "differences":
+            reply = _differences(cache, spec, splits, *message[1:])
         else:
             reply = _score(cache, spec, splits, *message[1:])
         try:
@@ -447,6 +460,37 @@ def _score(cache: ModelCache, spec: WorkerSpec, splits: dict, split: str, checkp
         _report(stage, error)
         return ("error", stage)
     return ("ok", scores)
+
+
+def _differences(cache: ModelCache, spec: WorkerSpec, splits: dict, split: str, checkpoints, indices, decoding,
+                 metric: str, clip: float) -> tuple:
+    """Each candidate's clipped row differences from the base (checkpoints[0]): rlvr_core/differences.py."""
+    from rlvr_core.differences import difference_metric, release_differences
+    from rlvr_core.scoring import Decoding
+
+    data = splits[split]
+    settings = Decoding.from_json(decoding)
+    stage = [MODEL_LOAD_FAILED]
+
+    def load(checkpoint) -> Any:
+        checkpoint_id, directory, *digests = checkpoint
+        stage[0] = MODEL_LOAD_FAILED
+        engine = cache.get(checkpoint_id, Path(directory), digests[0] if digests else None)
+        stage[0] = EVALUATION_FAILED
+        return engine
+
+    try:
+        base, *candidates = checkpoints
+        shape = evaluation_shape(spec, load(base), settings.max_new_tokens)  # loading it again is free
+        values = release_differences(
+            load, base, candidates, difference_metric(metric), [data.examples[i] for i in indices], spec.rendering,
+            settings, [data.keys[i] for i in indices], clip, shape=shape, verifier=data.verifier,
+            answer_template=spec.answer_template,
+        )
+    except Exception as error:  # noqa: BLE001 - a failure no single row explains (rows are confined)
+        _report(stage[0], error)
+        return ("error", stage[0])
+    return ("ok", values)
 
 
 def _report(stage: str, error: Exception) -> None:

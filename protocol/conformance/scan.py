@@ -19,6 +19,7 @@ REASON_CODES: dict[str, tuple[grpc.StatusCode, ...]] = {
     errors.MISSING_FILE_DATA: (_I,),
     errors.DECODING_OUT_OF_LIMITS: (_I,),
     errors.TEST_SPLIT_DISABLED: (_I,),
+    errors.RELEASE_KIND_NOT_SERVED: (_I,),
     errors.CLIENT_NOT_AUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED,),
     errors.CLIENT_NOT_ALLOWED: (grpc.StatusCode.PERMISSION_DENIED,),
     errors.PRIVACY_BUDGET_EXHAUSTED: (grpc.StatusCode.RESOURCE_EXHAUSTED,),

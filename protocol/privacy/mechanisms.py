@@ -11,6 +11,9 @@ Privacy model (see docs/PRIVACY.md):
   multiplier is sigma / sqrt(k) (`effective_noise_multiplier`).
 - The sum is divided by the PUBLIC expected subsample size q*N, never by the true size
   (which is data-dependent and would leak). Division and clamping are post-processing.
+- A difference release sums per-prompt DIFFERENCES from a base, each clipped to the public
+  [-c, c]: the same argument with sensitivity c per coordinate (c sqrt(k) for the vector), so
+  noise of std z * c per coordinate gives the same noise multiplier z, and the same event.
 """
 
 from __future__ import annotations
@@ -178,15 +181,36 @@ def replay_release(scores: np.ndarray, expected_size: float, noise_draws: np.nda
     scores: (k, m) per-prompt scores; expected_size: public q*N; noise_draws: (k,).
     Returns (k,) released values in [0, 1].
     """
-    scores = _check_scores(scores)
+    return _noisy_means(scores, expected_size, noise_draws, 0.0, 1.0, (0.0, 1.0))
+
+
+def replay_difference_release(
+    differences: np.ndarray, expected_size: float, noise_draws: np.ndarray, clip: float
+) -> np.ndarray:
+    """A difference release (docs/PRIVACY.md, "Difference releases"), from its stored noise draws.
+
+    differences: (k, m) per-prompt differences of k candidates from the base; each is clipped to
+    the public [-clip, clip] here (the sensitivity bound depends on it), so one prompt moves each
+    candidate's sum by at most clip, and the noise draws must be N(0, (z * clip)^2).
+    Returns (k,) released mean differences, clamped to [-1, 1] (post-processing).
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    return _noisy_means(differences, expected_size, noise_draws, -clip, clip, (-1.0, 1.0))
+
+
+def _noisy_means(values: np.ndarray, expected_size: float, noise_draws: np.ndarray, low: float, high: float,
+                 output: tuple[float, float]) -> np.ndarray:
+    """(sum over prompts of each row clipped to [low, high] + its noise draw) / expected_size, clamped."""
+    values = _check_scores(values)
     _check_expected_size(expected_size)
     noise_draws = np.asarray(noise_draws, dtype=np.float64)
-    if noise_draws.shape != (scores.shape[0],):
-        raise ValueError(f"noise_draws must have shape ({scores.shape[0]},), got {noise_draws.shape}")
+    if noise_draws.shape != (values.shape[0],):
+        raise ValueError(f"noise_draws must have shape ({values.shape[0]},), got {noise_draws.shape}")
     if not np.all(np.isfinite(noise_draws)):
         raise ValueError("noise_draws contain NaN or infinite entries")
-    sums = np.clip(scores, 0.0, 1.0).sum(axis=1)  # (k,) sensitivity 1 per coordinate
-    return np.clip((sums + noise_draws) / expected_size, 0.0, 1.0)
+    sums = np.clip(values, low, high).sum(axis=1)  # (k,) sensitivity max(|low|, |high|) per coordinate
+    return np.clip((sums + noise_draws) / expected_size, *output)
 
 
 def gaussian_noise(noise_std_sum: float, num_candidates: int, source: NoiseSource) -> np.ndarray:

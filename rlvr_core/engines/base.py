@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,39 @@ class GenerationEngine(ABC):
 
     def sync_weights(self) -> None:
         """Called by the trainer after each optimizer step (vLLM pushes weights here)."""
+
+
+    # --- teacher forcing (the owner's difference releases; rlvr_core/differences.py) -------------
+
+    teacher_forcing: ClassVar[bool] = False
+    """Whether this engine scores given completions (`encode_prompts`, `encode_completions`,
+    `completion_logprobs`); an owner serves difference releases only with an engine that does."""
+
+    def encode_prompts(
+        self, prompts: Sequence[str], max_new_tokens: int, shape: FixedShape | None = None
+    ) -> list[tuple[int, ...]]:
+        """The prompt ids `generate` would feed for these prompts (cut to the room left by
+        max_new_tokens, or to shape.prompt_tokens); () for a prompt that cannot be encoded."""
+        raise NotImplementedError(f"engine {self.name!r} does not score given completions")
+
+    def encode_completions(self, texts: Sequence[str], completion_tokens: int) -> list[tuple[int, ...]]:
+        """Each text as completion ids followed by EOS, cut to completion_tokens; () for a text that
+        cannot be encoded. Never raises for one text."""
+        raise NotImplementedError(f"engine {self.name!r} does not score given completions")
+
+    def completion_logprobs(
+        self,
+        prompt_ids: Sequence[tuple[int, ...]],
+        completions: Sequence[Sequence[tuple[int, ...]]],
+        temperature: float,
+        completion_tokens: int,
+        shape: FixedShape | None = None,
+    ) -> Any:
+        """Teacher forcing: for prompt r and its s-th completion, the sum over the completion's
+        tokens of log softmax(logits / temperature) at that token. Returns a float64 array of
+        shape (len(prompt_ids), samples), every prompt having the same number of completions.
+        A prompt or completion that is () scores 0. With `shape`, every forward pass has one
+        public shape (shape.batch_prompts prompts with all their completions, each sequence
+        shape.prompt_tokens + completion_tokens wide), so a row's value and the time taken
+        depend on nothing but that row and public sizes, as in `generate`."""
+        raise NotImplementedError(f"engine {self.name!r} does not score given completions")

@@ -32,8 +32,10 @@ Throughput: `rlvr_core.engines.throughput.measure_throughput` times any engine;
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from pydantic import Field
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -157,6 +159,109 @@ class TransformersEngine(GenerationEngine):
         finally:
             self.model.train(was_training)
         return results
+
+    # --- teacher forcing ------------------------------------------------------------------------
+
+    teacher_forcing = True
+
+    def encode_prompts(
+        self, prompts: Sequence[str], max_new_tokens: int, shape: FixedShape | None = None
+    ) -> list[tuple[int, ...]]:
+        room = self._prompt_room(max_new_tokens, shape)
+        return [self._encode(prompt, room) for prompt in prompts]
+
+    def encode_completions(self, texts: Sequence[str], completion_tokens: int) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        for text in texts:
+            try:
+                ids = [int(token) for token in self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]]
+            except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
+                out.append(())
+                continue
+            ids.append(self.eos_id)
+            ok = all(0 <= token < self.embedding_rows for token in ids)
+            out.append(tuple(ids[:completion_tokens]) if ok else ())
+        return out
+
+    def completion_logprobs(
+        self,
+        prompt_ids: Sequence[tuple[int, ...]],
+        completions: Sequence[Sequence[tuple[int, ...]]],
+        temperature: float,
+        completion_tokens: int,
+        shape: FixedShape | None = None,
+    ) -> np.ndarray:
+        if len(completions) != len(prompt_ids):
+            raise ValueError(f"completions has {len(completions)} rows for {len(prompt_ids)} prompts; pass one per prompt")
+        samples = len(completions[0]) if completions else 0
+        if any(len(row) != samples for row in completions):
+            raise ValueError("completions: every prompt needs the same number of completions")
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+        if completion_tokens < 1:
+            raise ValueError(f"completion_tokens must be >= 1, got {completion_tokens}")
+        out = np.zeros((len(prompt_ids), samples), dtype=np.float64)
+        if not prompt_ids or samples == 0:
+            return out
+        room = self._prompt_room(completion_tokens, shape)
+        if shape is None:
+            per_chunk = max(1, self.batch_size // samples)
+            order = [i for i, ids in enumerate(prompt_ids) if ids]
+            batches: list[Batch] = [list(order[s : s + per_chunk]) for s in range(0, len(order), per_chunk)]
+        else:
+            batches = _fixed_batches(len(prompt_ids), shape.batch_prompts)
+        dummy = ((self.eos_id,), (self.eos_id,))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), torch_threads(self.num_threads):
+                for batch in batches:
+                    pairs = []
+                    for index in batch:
+                        usable = index is not None and bool(prompt_ids[index])
+                        for sample in range(samples):
+                            if usable:
+                                pairs.append((tuple(prompt_ids[index][-room:]),
+                                              tuple(completions[index][sample][:completion_tokens])))
+                            else:
+                                pairs.append(dummy)
+                    width = shape.prompt_tokens if shape is not None else max(len(p) for p, _ in pairs)
+                    scores = self._score_pairs(pairs, width, completion_tokens, temperature)
+                    for position, index in enumerate(batch):
+                        if index is not None and prompt_ids[index]:
+                            out[index] = scores[position * samples : (position + 1) * samples]
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _score_pairs(
+        self, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], width: int, completion_tokens: int,
+        temperature: float,
+    ) -> np.ndarray:
+        """One forward pass over (prompt, completion) pairs: prompts left-padded to `width`,
+        completions right-padded to `completion_tokens`; the summed completion log-probs (R,).
+        An empty completion sums to 0. Only the completion positions' logits are kept."""
+        length = width + completion_tokens
+        input_ids = torch.full((len(pairs), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(pairs), length), dtype=torch.long)
+        completion_mask = torch.zeros((len(pairs), completion_tokens), dtype=torch.float32)
+        for row, (prompt, completion) in enumerate(pairs):
+            input_ids[row, width - len(prompt) : width] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) : width] = 1
+            if completion:
+                input_ids[row, width : width + len(completion)] = torch.tensor(completion, dtype=torch.long)
+                attention_mask[row, width : width + len(completion)] = 1
+                completion_mask[row, : len(completion)] = 1.0
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        device = self.device
+        kwargs = {"logits_to_keep": completion_tokens + 1} if self._can_keep_last_logits else {}
+        logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                            position_ids=position_ids.to(device), use_cache=False, **kwargs).logits
+        # position width - 1 + t predicts completion token t
+        logits = logits[:, -(completion_tokens + 1) : -1, : self.embedding_rows].float() / temperature
+        targets = input_ids[:, width:].to(device).clamp(max=self.embedding_rows - 1)
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        return (picked * completion_mask.to(device)).sum(dim=-1).double().cpu().numpy()
 
     def _prompt_room(self, max_new_tokens: int, shape: FixedShape | None) -> int:
         """How many prompt tokens are kept; raises ValueError naming the field that does not fit."""

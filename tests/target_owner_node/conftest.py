@@ -157,14 +157,29 @@ def write_toml(path: Path, raw: dict[str, dict[str, Any]]) -> Path:
 
 
 class FakeScorer:
-    """Scores without a model: every row of checkpoint c scores `values[c]` (default 0.5)."""
+    """Scores without a model: every row of checkpoint c scores `values[c]` (default 0.5); in a
+    difference release every row of candidate c differs from the base by `differences[c]` (default
+    `default_difference`), unclipped: the release must clip it."""
 
-    def __init__(self, default: float = 0.5) -> None:
+    def __init__(self, default: float = 0.5, default_difference: float = 0.02) -> None:
         self.default = default
+        self.default_difference = default_difference
         self.values: dict[str, float] = {}
+        self.differences_of: dict[str, float] = {}
         self.calls: list[tuple[str, tuple[str, ...], int]] = []
+        self.difference_calls: list[tuple[str, tuple[str, ...], int, str, float]] = []
         self.rows: list[np.ndarray] = []  # the row indices of each call
         self.fail_next = None
+
+    def differences(self, split, checkpoints, indices, decoding, metric, clip):
+        ids = tuple(cid for cid, _ in checkpoints)
+        self.difference_calls.append((split, ids, len(indices), metric, clip))
+        self.rows.append(np.asarray(indices))
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        return np.array([[self.differences_of.get(cid, self.default_difference)] * len(indices) for cid in ids[1:]],
+                        dtype=float)
 
     def score(self, split, checkpoints, indices, decoding):
         self.calls.append((split, tuple(cid for cid, _ in checkpoints), len(indices)))
@@ -254,15 +269,23 @@ class RecordingClient:
     def budget(self) -> pb.GetBudgetResponse:
         return self.call("GetBudget", pb.GetBudgetRequest(), pb.GetBudgetResponse)
 
-    def evaluate(self, checkpoint_ids, request_id: str = "", split=pb.SPLIT_FEEDBACK, **decoding):
+    def evaluate(self, checkpoint_ids, request_id: str = "", split=pb.SPLIT_FEEDBACK, kind=None, difference=None,
+                 **decoding):
         settings = {"max_new_tokens": 4, "samples_per_prompt": 1, "temperature": 0.0, "seed": 1, **decoding}
         request = pb.EvaluateRequest(
             checkpoint_ids=list(checkpoint_ids),
             decoding=pb.DecodingSettings(**settings),
             split=split,
             request_id=request_id,
+            kind=kind,
+            difference=difference,
         )
         return self.call("Evaluate", request, pb.EvaluateResponse)
+
+    def evaluate_difference(self, checkpoint_ids, metric="answer_probability", clip=0.1, **kwargs):
+        """A RELEASE_KIND_ACCURACY_DIFFERENCE release of checkpoint_ids[1:] against checkpoint_ids[0]."""
+        return self.evaluate(checkpoint_ids, kind=pb.RELEASE_KIND_ACCURACY_DIFFERENCE,
+                             difference=pb.DifferenceRequest(metric=metric, clip=clip), **kwargs)
 
     def close(self) -> None:
         self.channel.close()

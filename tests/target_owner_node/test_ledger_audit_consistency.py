@@ -367,3 +367,31 @@ def test_pending_from_the_audit_round_trips_the_public_facts(owner):
     ):
         assert getattr(recovered, name) == getattr(original, name), name
     assert np.isfinite(recovered.time)
+
+
+def test_a_difference_release_survives_verify_and_rebuild_with_its_kind(owner, capsys, tiny_checkpoint, tmp_path):
+    """The audit's charge carries the release kind, metric and clip, so a rebuilt ledger charges the
+    same event and a completed difference release replays with its one value (its base has none)."""
+    import shutil
+
+    from target_owner_node.evaluate_request import DIFFERENCE, ReleaseSpec
+
+    node = owner.open()
+    base = owner.upload(node)
+    other = tmp_path / "candidate"
+    shutil.copytree(tiny_checkpoint, other)
+    (other / "generation_config.json").write_text('{"do_sample": false}')
+    candidate = node.store.receive(upload_messages(other)).checkpoint_id
+    spec = ReleaseSpec(DIFFERENCE, "answer_probability", 0.1)
+    released = node.releases.evaluate("trainer", EvaluateInputs((base, candidate), DECODING, FEEDBACK, "dd", spec))
+    spent = node.budget.spent()
+    node.close()
+    assert [c["release"] for c in owner.charges()] == [spec.to_json()]
+    assert main(["ledger", "verify", "--config", str(owner.config_path)]) == 0
+    owner.ledger.unlink()
+    assert main(["ledger", "rebuild", "--config", str(owner.config_path)]) == 0
+    capsys.readouterr()
+    reopened = owner.open(seed=5)
+    assert reopened.budget.spent() == pytest.approx(spent)
+    replay = reopened.releases.evaluate("trainer", EvaluateInputs((base, candidate), DECODING, FEEDBACK, "dd", spec))
+    assert replay.values == released.values and len(replay.values) == 1

@@ -111,3 +111,47 @@ def test_info_publishes_the_fixed_shape_parameters(worker_server, pki):
     assert info.privacy.rows_per_query == worker_server.node.facts.heldout_size
     assert info.decoding_limits.max_prompt_tokens == worker_server.node.config.evaluation.max_prompt_tokens
     assert 0 < info.privacy.row_cap_tail < 1
+
+
+def test_real_difference_releases_through_the_worker(tmp_path, data_dir, pki, tiny_checkpoint):
+    """Every metric through the spawned worker, exactly (DP off): identical weights under another
+    id differ from the base by exactly 0 on every row; a perturbed candidate stays within the clip,
+    and moves the reference answer's probability (the random policy samples no correct answer, so
+    the sampling metrics have no reward to weigh); the response carries only numbers."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    config = make_config(tmp_path, data_dir, pki, privacy={"enabled": False},
+                         evaluation={"batch_size": 64, "timeout_s": 300})
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_checkpoint, moved)
+    weights = load_file(str(moved / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    weights = {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in weights.items()}
+    save_file(weights, str(moved / "model.safetensors"), metadata={"format": "pt"})
+    (moved / "generation_config.json").write_text(json.dumps({"do_sample": False, "moved": 1}))
+    twin = tmp_path / "twin"
+    shutil.copytree(tiny_checkpoint, twin)
+    (twin / "generation_config.json").write_text('{"do_sample": false, "twin": 1}')
+    with running_server(config) as running:
+        client = RecordingClient(running.port, pki)
+        try:
+            a, b, c = (client.upload_dir(d).checkpoint_id for d in (tiny_checkpoint, twin, moved))
+            for metric, decoding in (("answer_probability", {}),
+                                     ("importance", {"temperature": 1.0, "samples_per_prompt": 2}),
+                                     ("log_ratio", {"temperature": 1.0, "samples_per_prompt": 2})):
+                response = client.evaluate_difference([a, b, c], metric=metric, clip=0.05, max_new_tokens=4,
+                                                      **decoding)
+                assert response.kind == pb.RELEASE_KIND_ACCURACY_DIFFERENCE
+                assert [r.checkpoint_id for r in response.results] == [b, c]
+                twin_value, moved_value = (r.accuracy_difference for r in response.results)
+                assert twin_value == 0.0, metric
+                assert abs(moved_value) <= 0.05, metric
+                if metric == "answer_probability":
+                    assert moved_value != 0.0
+                assert response.privacy.noise_std == 0.0
+        finally:
+            client.close()
+    assert_no_canary(client.received)

@@ -28,6 +28,9 @@ PUBLIC_INFO_FIELDS = frozenset({
     "upload_limits.allowed_architectures", "upload_limits.allowed_file_names",
     "delta_support", "delta_support.tensor_shards", "delta_support.lora_adapters", "delta_support.max_lora_rank",
     "delta_support.max_adapter_bytes",
+    # the kinds of release served and the public settings of difference releases: config facts, no data
+    "release_kinds", "difference_support", "difference_support.metrics", "difference_support.max_clip",
+    "difference_support.answer_template",
 })
 
 
@@ -67,7 +70,31 @@ def info_problems(info: pb.GetInfoResponse) -> list[str]:
         p.append("delta_support: adapter limits are declared but lora_adapters is false")
     if info.test_split_enabled != (info.test_size > 0):
         p.append(f"test_split_enabled={info.test_split_enabled} but test_size={info.test_size}")
+    p += release_kind_problems(info)
     p += privacy_problems(info)
+    return p
+
+
+def release_kind_problems(info: pb.GetInfoResponse) -> list[str]:
+    """release_kinds and difference_support agree: the difference kind is listed exactly when metrics are
+    declared, with a positive finite max_clip and an answer_template that places the answer once."""
+    kinds = list(info.release_kinds)
+    p = [f"release_kinds holds an unknown or unspecified kind {k}" for k in kinds
+         if k not in pb.ReleaseKind.values() or k == pb.RELEASE_KIND_UNSPECIFIED]
+    if len(set(kinds)) != len(kinds):
+        p.append("release_kinds lists a kind twice")
+    if kinds and pb.RELEASE_KIND_ACCURACY not in kinds:
+        p.append("release_kinds does not list RELEASE_KIND_ACCURACY, which every v1 server answers")
+    support = info.difference_support
+    declared = pb.RELEASE_KIND_ACCURACY_DIFFERENCE in kinds
+    if declared != bool(support.metrics):
+        p.append(f"release_kinds {'lists' if declared else 'does not list'} RELEASE_KIND_ACCURACY_DIFFERENCE but "
+                 f"difference_support.metrics is {list(support.metrics) or 'empty'}")
+    if support.metrics:
+        if not (support.max_clip > 0 and math.isfinite(support.max_clip)):
+            p.append(f"difference_support.max_clip {support.max_clip} is not a positive finite number")
+        if support.answer_template.count("{answer}") != 1:
+            p.append("difference_support.answer_template does not contain {answer} exactly once")
     return p
 
 

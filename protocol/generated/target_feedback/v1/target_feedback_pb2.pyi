@@ -21,6 +21,12 @@ class Split(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPLIT_UNSPECIFIED: _ClassVar[Split]
     SPLIT_FEEDBACK: _ClassVar[Split]
     SPLIT_TEST: _ClassVar[Split]
+
+class ReleaseKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEASE_KIND_UNSPECIFIED: _ClassVar[ReleaseKind]
+    RELEASE_KIND_ACCURACY: _ClassVar[ReleaseKind]
+    RELEASE_KIND_ACCURACY_DIFFERENCE: _ClassVar[ReleaseKind]
 VERIFIER_KIND_UNSPECIFIED: VerifierKind
 VERIFIER_KIND_EXACT_MATCH: VerifierKind
 VERIFIER_KIND_MATH_VERIFY: VerifierKind
@@ -30,6 +36,9 @@ VERIFIER_KIND_NAMED: VerifierKind
 SPLIT_UNSPECIFIED: Split
 SPLIT_FEEDBACK: Split
 SPLIT_TEST: Split
+RELEASE_KIND_UNSPECIFIED: ReleaseKind
+RELEASE_KIND_ACCURACY: ReleaseKind
+RELEASE_KIND_ACCURACY_DIFFERENCE: ReleaseKind
 
 class PrivacyParameters(_message.Message):
     __slots__ = ("enabled", "epsilon_budget", "delta", "planned_releases", "sample_rate", "noise_multiplier", "accountant", "expected_sample_size", "noise_std", "per_client_epsilon_cap", "rows_per_query", "row_cap_tail")
@@ -100,7 +109,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "verifier_name", "chat_template", "chat_format", "delta_support")
+    __slots__ = ("protocol_version", "task_description", "answer_format", "verifier_kind", "heldout_size", "privacy", "decoding_limits", "upload_limits", "prompt_template", "test_split_enabled", "test_size", "test_domains", "verifier_name", "chat_template", "chat_format", "delta_support", "release_kinds", "difference_support")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +126,8 @@ class GetInfoResponse(_message.Message):
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     CHAT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     DELTA_SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KINDS_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_SUPPORT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     task_description: str
     answer_format: str
@@ -133,7 +144,27 @@ class GetInfoResponse(_message.Message):
     chat_template: str
     chat_format: str
     delta_support: DeltaSupport
-    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., verifier_name: _Optional[str] = ..., chat_template: _Optional[str] = ..., chat_format: _Optional[str] = ..., delta_support: _Optional[_Union[DeltaSupport, _Mapping]] = ...) -> None: ...
+    release_kinds: _containers.RepeatedScalarFieldContainer[ReleaseKind]
+    difference_support: DifferenceSupport
+    def __init__(self, protocol_version: _Optional[str] = ..., task_description: _Optional[str] = ..., answer_format: _Optional[str] = ..., verifier_kind: _Optional[_Union[VerifierKind, str]] = ..., heldout_size: _Optional[int] = ..., privacy: _Optional[_Union[PrivacyParameters, _Mapping]] = ..., decoding_limits: _Optional[_Union[DecodingLimits, _Mapping]] = ..., upload_limits: _Optional[_Union[UploadLimits, _Mapping]] = ..., prompt_template: _Optional[str] = ..., test_split_enabled: _Optional[bool] = ..., test_size: _Optional[int] = ..., test_domains: _Optional[_Iterable[str]] = ..., verifier_name: _Optional[str] = ..., chat_template: _Optional[str] = ..., chat_format: _Optional[str] = ..., delta_support: _Optional[_Union[DeltaSupport, _Mapping]] = ..., release_kinds: _Optional[_Iterable[_Union[ReleaseKind, str]]] = ..., difference_support: _Optional[_Union[DifferenceSupport, _Mapping]] = ...) -> None: ...
+
+class DifferenceSupport(_message.Message):
+    __slots__ = ("metrics", "max_clip", "answer_template")
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIP_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    max_clip: float
+    answer_template: str
+    def __init__(self, metrics: _Optional[_Iterable[str]] = ..., max_clip: _Optional[float] = ..., answer_template: _Optional[str] = ...) -> None: ...
+
+class DifferenceRequest(_message.Message):
+    __slots__ = ("metric", "clip")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    clip: float
+    def __init__(self, metric: _Optional[str] = ..., clip: _Optional[float] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("name", "size", "sha256")
@@ -192,19 +223,23 @@ class DecodingSettings(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("checkpoint_ids", "decoding", "split", "request_id")
+    __slots__ = ("checkpoint_ids", "decoding", "split", "request_id", "kind", "difference")
     CHECKPOINT_IDS_FIELD_NUMBER: _ClassVar[int]
     DECODING_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_FIELD_NUMBER: _ClassVar[int]
     checkpoint_ids: _containers.RepeatedScalarFieldContainer[str]
     decoding: DecodingSettings
     split: Split
     request_id: str
-    def __init__(self, checkpoint_ids: _Optional[_Iterable[str]] = ..., decoding: _Optional[_Union[DecodingSettings, _Mapping]] = ..., split: _Optional[_Union[Split, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    kind: ReleaseKind
+    difference: DifferenceRequest
+    def __init__(self, checkpoint_ids: _Optional[_Iterable[str]] = ..., decoding: _Optional[_Union[DecodingSettings, _Mapping]] = ..., split: _Optional[_Union[Split, str]] = ..., request_id: _Optional[str] = ..., kind: _Optional[_Union[ReleaseKind, str]] = ..., difference: _Optional[_Union[DifferenceRequest, _Mapping]] = ...) -> None: ...
 
 class CandidateResult(_message.Message):
-    __slots__ = ("checkpoint_id", "accuracy", "domain_accuracy")
+    __slots__ = ("checkpoint_id", "accuracy", "domain_accuracy", "accuracy_difference")
     class DomainAccuracyEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -215,10 +250,12 @@ class CandidateResult(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_DIFFERENCE_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     accuracy: float
     domain_accuracy: _containers.ScalarMap[str, float]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., domain_accuracy: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    accuracy_difference: float
+    def __init__(self, checkpoint_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., domain_accuracy: _Optional[_Mapping[str, float]] = ..., accuracy_difference: _Optional[float] = ...) -> None: ...
 
 class PrivacySpend(_message.Message):
     __slots__ = ("noise_std", "epsilon_this_release", "epsilon_spent_total", "epsilon_remaining", "delta")
@@ -235,14 +272,16 @@ class PrivacySpend(_message.Message):
     def __init__(self, noise_std: _Optional[float] = ..., epsilon_this_release: _Optional[float] = ..., epsilon_spent_total: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., delta: _Optional[float] = ...) -> None: ...
 
 class EvaluateResponse(_message.Message):
-    __slots__ = ("results", "privacy", "release_id")
+    __slots__ = ("results", "privacy", "release_id", "kind")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[CandidateResult]
     privacy: PrivacySpend
     release_id: str
-    def __init__(self, results: _Optional[_Iterable[_Union[CandidateResult, _Mapping]]] = ..., privacy: _Optional[_Union[PrivacySpend, _Mapping]] = ..., release_id: _Optional[str] = ...) -> None: ...
+    kind: ReleaseKind
+    def __init__(self, results: _Optional[_Iterable[_Union[CandidateResult, _Mapping]]] = ..., privacy: _Optional[_Union[PrivacySpend, _Mapping]] = ..., release_id: _Optional[str] = ..., kind: _Optional[_Union[ReleaseKind, str]] = ...) -> None: ...
 
 class GetBudgetRequest(_message.Message):
     __slots__ = ()
