@@ -158,7 +158,7 @@ def build_completions(
     engine: GenerationEngine,
     metric: DifferenceMetric,
     examples: Sequence[Example],
-    rendering: Rendering | str,
+    rendering: Rendering | str | Callable[[Example], str],
     decoding: Decoding,
     row_keys: Sequence[int],
     shape: FixedShape | None = None,
@@ -166,12 +166,14 @@ def build_completions(
     verifier: Any = None,
     answer_template: str = DEFAULT_ANSWER_TEMPLATE,
 ) -> Completions:
-    """The completions of one release, from the BASE model's engine (call it with the base loaded)."""
-    rendering = as_rendering(rendering)
+    """The completions of one release, from the BASE model's engine (call it with the base loaded).
+    `rendering` is a Rendering, a prompt template, or a function example -> model input."""
+    render = rendering if callable(rendering) and not isinstance(rendering, Rendering) else \
+        as_rendering(rendering).render_example
     temperature = scoring_temperature(metric, decoding)
     if len(row_keys) != len(examples):
         raise ValueError(f"row_keys has {len(row_keys)} entries for {len(examples)} examples; pass one per example")
-    prompts = [_render_or_empty(rendering, example) for example in examples]
+    prompts = [_render_or_empty(render, example) for example in examples]
     if metric.generates:
         generations = engine.generate(
             prompts, decoding.samples_per_prompt, decoding.sampling_params(), row_keys=row_keys, shape=shape
@@ -211,7 +213,7 @@ def release_differences(
     candidates: Sequence[Any],
     metric: DifferenceMetric,
     examples: Sequence[Example],
-    rendering: Rendering | str,
+    rendering: Rendering | str | Callable[[Example], str],
     decoding: Decoding,
     row_keys: Sequence[int],
     clip: float,
@@ -238,9 +240,9 @@ def release_differences(
     return out
 
 
-def _render_or_empty(rendering: Rendering, example: Example) -> str:
+def _render_or_empty(render: Callable[[Example], str], example: Example) -> str:
     try:
-        return str(rendering.render_example(example))
+        return str(render(example))
     except Exception:  # noqa: BLE001 - one row's failure must not fail the others
         return ""
 

@@ -67,7 +67,8 @@ def test_the_hook_adds_stats_to_each_step_and_collects_candidates():
     record: dict = {}
     hook.after_step(2, record)
     assert record == {"feedback_queries": 3, "feedback_failures": 1, "epsilon_spent": 0.25,
-                      "feedback_uploaded_bytes": 0, "feedback_query_uploaded_bytes": 0}
+                      "feedback_uploaded_bytes": 0, "feedback_query_uploaded_bytes": 0,
+                      "feedback_noise_std": 0.0, "feedback_clip": 0.0}
     assert selector.steps == [2] and checks == ["alive"]
     outcome = hook.finish(2)
     assert outcome.selection == "chosen" and outcome.evals == []  # no final release unless asked

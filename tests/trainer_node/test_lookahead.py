@@ -25,9 +25,9 @@ def model_dir(tmp_path_factory):
 
 
 def test_builtin_optimizers_and_unknown_names():
-    assert lookahead_optimizer_names() == ["adamw", "sgd"]
+    assert lookahead_optimizer_names() == ["adam_preconditioned", "adamw", "sgd"]
     assert LOOKAHEAD_OPTIMIZERS.entry_point_group == "target_feedback.lookahead_optimizers"
-    with pytest.raises(ValueError, match="unknown lookahead optimizer 'adam'; known: adamw, sgd"):
+    with pytest.raises(ValueError, match="unknown lookahead optimizer 'adam'; known: adam_preconditioned, adamw, sgd"):
         get_lookahead_optimizer("adam")
     with pytest.raises(ValueError, match="lookahead optimizer 'sgd' is already registered"):
         LOOKAHEAD_OPTIMIZERS.register("sgd")(lookahead.sgd_step)
@@ -60,6 +60,17 @@ def test_adamw_rule_is_torch_adamw_from_a_state_copy():
     assert torch.allclose(predicted, param.detach(), atol=1e-12)
 
 
+def test_adam_preconditioned_is_adamws_scale_without_momentum_or_decay():
+    rule = get_lookahead_optimizer("adam_preconditioned")
+    param, grad = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    first = rule(param, grad, HYPER, {})  # no state yet: AdamW's first step, lr * sign(g)
+    assert torch.allclose(first, param - HYPER.lr * torch.sign(grad), atol=1e-6)
+    state = {"step": torch.tensor(4.0), "exp_avg": torch.randn(4).double(), "exp_avg_sq": torch.rand(4).double()}
+    v_hat = state["exp_avg_sq"] / (1 - 0.999**4)
+    assert torch.allclose(rule(param, grad, HYPER, state), param - HYPER.lr * grad / (v_hat.sqrt() + HYPER.eps))
+    assert torch.allclose(rule(param, -grad, HYPER, state) - param, -(rule(param, grad, HYPER, state) - param))
+
+
 def test_sgd_rule_ignores_weight_decay():
     param, grad = torch.ones(3), torch.full((3,), 2.0)
     assert torch.equal(get_lookahead_optimizer("sgd")(param, grad, HYPER, {}), torch.full((3,), 0.8))
@@ -68,7 +79,7 @@ def test_sgd_rule_ignores_weight_decay():
 def test_settings_refuse_an_unknown_optimizer():
     # GRPOSettings is the [grpo] section itself: the name is checked once, when settings are built.
     assert GRPOSettings(lookahead="sgd").lookahead == "sgd"
-    with pytest.raises(ValueError, match="unknown lookahead optimizer 'lbfgs'; known: adamw, sgd"):
+    with pytest.raises(ValueError, match="unknown lookahead optimizer 'lbfgs'; known: adam_preconditioned, adamw, sgd"):
         GRPOSettings(lookahead="lbfgs")
     with pytest.raises(ValueError, match="unknown lookahead optimizer 'lbfgs'"):
         make_settings(lookahead="lbfgs")

@@ -127,11 +127,13 @@ class FlowerOwnerClient:
         return str(record["checkpoint_id"])
 
     def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
-                 split: int = pb.SPLIT_FEEDBACK, request_id: str | None = None) -> pb.EvaluateResponse:
+                 split: int = pb.SPLIT_FEEDBACK, request_id: str | None = None,
+                 difference: pb.DifferenceRequest | None = None) -> pb.EvaluateResponse:
         from flwr.app import ConfigRecord
 
+        kind = pb.RELEASE_KIND_ACCURACY_DIFFERENCE if difference is not None else pb.RELEASE_KIND_UNSPECIFIED
         request = pb.EvaluateRequest(checkpoint_ids=checkpoint_ids, decoding=decoding, split=split,
-                                     request_id=request_id or uuid.uuid4().hex)
+                                     request_id=request_id or uuid.uuid4().hex, kind=kind, difference=difference)
         record = self._ask("evaluate", {"request": ConfigRecord({wire.EVALUATE_REQUEST_KEY: request.SerializeToString()})})
         return pb.EvaluateResponse.FromString(record["response"])
 

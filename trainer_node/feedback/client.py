@@ -195,9 +195,14 @@ class TargetFeedbackClient:
         decoding: pb.DecodingSettings,
         split: int = pb.SPLIT_FEEDBACK,
         request_id: str | None = None,
+        difference: pb.DifferenceRequest | None = None,
     ) -> pb.EvaluateResponse:
+        """One release. With `difference`, a difference release (RELEASE_KIND_ACCURACY_DIFFERENCE):
+        checkpoint_ids[0] is the base, and the response holds one difference per other checkpoint."""
         request = pb.EvaluateRequest(
-            checkpoint_ids=checkpoint_ids, decoding=decoding, split=split, request_id=request_id or uuid.uuid4().hex
+            checkpoint_ids=checkpoint_ids, decoding=decoding, split=split, request_id=request_id or uuid.uuid4().hex,
+            kind=pb.RELEASE_KIND_ACCURACY_DIFFERENCE if difference is not None else pb.RELEASE_KIND_UNSPECIFIED,
+            difference=difference,
         )
         return self._unary(
             "Evaluate", lambda: self._stub.Evaluate(request, timeout=self.settings.evaluate_deadline_s)

@@ -25,15 +25,19 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from trainer_node.feedback.client import BudgetExhausted, FeedbackError
 from trainer_node.feedback.pacing import BudgetPacer
+from trainer_node.feedback.release import ACCURACY, ReleaseOptions
+
+if TYPE_CHECKING:
+    from trainer_node.feedback.clip_calibration import ClipCalibration
 
 log = logging.getLogger("trainer_node.feedback")
 _BACKGROUND = threading.local()  # .active on the background query thread (no phase clock there)
@@ -63,6 +67,28 @@ def _labels(candidates: int, with_base: bool) -> list[str]:
     return (["base"] if with_base else []) + [f"cand{i}" for i in range(candidates)]
 
 
+@dataclass(frozen=True)
+class _Query:
+    """How one query is asked: its decoding, and a difference release's settings (None: accuracy)."""
+
+    decoding: pb.DecodingSettings
+    difference: pb.DifferenceRequest | None = None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """What OwnerClient.evaluate gets beyond ids and decoding: `difference` only when set, so a
+        transport from before difference releases keeps answering accuracy queries."""
+        return {} if self.difference is None else {"difference": self.difference}
+
+
+def _decoding_of(decoding: pb.DecodingSettings) -> Any:
+    """The proto's decoding as rlvr_core's Decoding (what the owner will decode with)."""
+    from rlvr_core.scoring import Decoding
+
+    return Decoding(int(decoding.max_new_tokens), max(1, int(decoding.samples_per_prompt)),
+                    float(decoding.temperature), int(decoding.seed))
+
+
 class OwnerClient(Protocol):
     """What the feedback pieces ask of a transport to the owner. TargetFeedbackClient (gRPC +
     mTLS) is one; another transport (e.g. Flower) plugs in under the same five calls, raising
@@ -78,7 +104,8 @@ class OwnerClient(Protocol):
     def upload(self, model_dir: Path, digests: dict[str, str] | None = None) -> str: ...
 
     def evaluate(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings,
-                 split: int = pb.SPLIT_FEEDBACK) -> pb.EvaluateResponse: ...
+                 split: int = pb.SPLIT_FEEDBACK, difference: pb.DifferenceRequest | None = None
+                 ) -> pb.EvaluateResponse: ...
 
     def close(self) -> None: ...
 
@@ -105,6 +132,10 @@ class FeedbackStats:
     background_cpu_s: float = 0.0
     """Asynchronous queries: CPU seconds the background thread used (candidates, writes, uploads,
     the gRPC wait): what it can take from the training thread on a shared CPU."""
+    last_clip: float = 0.0
+    """The per-row clip of the last difference release (0: none yet)."""
+    skipped: int = 0
+    """Difference queries not sent: the candidates equalled the live model on the trainer's prompts."""
 
     def background_summary(self) -> dict[str, float]:
         """The background thread's split, for a run's summary; empty when no query ran in it."""
@@ -167,6 +198,8 @@ class OwnerFeedback:
         self._upload_lock = threading.Lock()  # the writer and the uploads: training thread + background
         self._executor: ThreadPoolExecutor | None = None
         self._outstanding: PendingRelease | None = None
+        self._clip_calibration: ClipCalibration | None = None  # difference releases with a clip from own prompts
+        self._owner_max_clip: float | None = None
 
     # --- FeedbackContext ----------------------------------------------------------------
 
@@ -186,68 +219,132 @@ class OwnerFeedback:
     releases_without_base = True
     """`evaluate` and `submit_lookahead` can leave the live model out (policies/base.py send_query)."""
 
-    def evaluate(self, candidates: Sequence[Any], with_base: bool = True) -> list[float] | None:
+    def direction_clusters(self) -> list[str]:
+        """Clusters the trainer can build a candidate for from a running direction (grpo.lookahead_directions)."""
+        return list(self.trainer.direction_clusters()) if hasattr(self.trainer, "direction_clusters") else []
+
+    def direction_candidates(self, mixtures: Sequence[Mapping[str, float]]) -> list[Any]:
+        return self.trainer.direction_state_dicts(mixtures)
+
+    def evaluate(self, candidates: Sequence[Any], with_base: bool = True,
+                 release: ReleaseOptions = ACCURACY) -> list[float] | None:
         """One release comparing the live model (first) with candidate parameter sets; waits for it.
-        Without the base: the candidates alone."""
+        Without the base: the candidates alone. A difference release always sends the base (its
+        differences are from it) and returns one value per candidate."""
+        with_base = with_base or release.is_difference
         try:
-            base = [self.trainer.current_state_dict()] if with_base else []
-            ids = self._upload_all([*base, *candidates], _labels(len(candidates), with_base))
+            states = [*([self.trainer.current_state_dict()] if with_base else []), *candidates]
+            query = self._query(states, release, self._step)
+            if query is None:
+                return None
+            ids = self._upload_all(states, _labels(len(candidates), with_base))
         except FeedbackError as err:
             self.stats.failures += 1
             log.warning("target owner unreachable; training goes on with the last sampler state (%s)", err)
             return None
-        return self.release_checkpoints(ids)
+        return self._release(ids, query)
 
     def submit(self, candidates: Sequence[Any]) -> PendingRelease:
         """`evaluate`, in the background: training goes on while the owner scores (module docstring)."""
         states = [self.trainer.current_state_dict(), *candidates]  # the base as it is now
-        return self._start(lambda: states, _labels(len(candidates), with_base=True))
+        return self._start(lambda: states, _labels(len(candidates), with_base=True), ACCURACY)
 
     def submit_lookahead(self, batch: Sequence[Any], weights: Sequence[Sequence[float]],
-                         with_base: bool = True) -> PendingRelease:
+                         with_base: bool = True, release: ReleaseOptions = ACCURACY) -> PendingRelease:
         """`submit`, with the lookahead candidates also built in the background, from a snapshot of
         the model and optimizer taken now (GRPOTrainer.lookahead_snapshot), and from the gradients
         of the update that follows where the trainer can tap them (grpo/gradient_tap.py)."""
         self._check_idle()  # before the snapshot: a refused query must not leave a tap behind
         batch, weights = list(batch), [list(w) for w in weights]
         snapshot = self.trainer.lookahead_snapshot(batch, weights)
+        return self._start_from(snapshot, lambda: self.trainer.lookahead_from_snapshot(snapshot, batch, weights),
+                                len(weights), with_base, release)
+
+    def submit_directions(self, mixtures: Sequence[Mapping[str, float]], with_base: bool = True,
+                          release: ReleaseOptions = ACCURACY) -> PendingRelease:
+        """`submit_lookahead` for candidates along the clusters' running directions (one per mixture of
+        cluster name -> share), built in the background from the directions as they are now."""
+        self._check_idle()
+        mixtures = [dict(m) for m in mixtures]
+        snapshot = self.trainer.lookahead_snapshot()
+        return self._start_from(snapshot, lambda: self.trainer.directions_from_snapshot(snapshot, mixtures),
+                                len(mixtures), with_base, release)
+
+    def _start_from(self, snapshot: Any, build: Any, candidates: int, with_base: bool,
+                    release: ReleaseOptions) -> PendingRelease:
+        with_base = with_base or release.is_difference
 
         def states() -> list[dict[str, Any]]:
             started = time.perf_counter()
             try:
-                base = [snapshot.base] if with_base else []
-                return [*base, *self.trainer.lookahead_from_snapshot(snapshot, batch, weights)]
+                return [*([snapshot.base] if with_base else []), *build()]
             finally:
                 waited = snapshot.tap.waited_s if snapshot.tap is not None else 0.0
                 self.stats.background_candidates_s += time.perf_counter() - started - waited
 
-        return self._start(states, _labels(len(weights), with_base))
+        return self._start(states, _labels(candidates, with_base), release)
 
     def _check_idle(self) -> None:
         if self._outstanding is not None:
             raise RuntimeError("a feedback query is already in flight; collect it before submitting another")
 
-    def _start(self, states: Any, labels: list[str]) -> PendingRelease:
+    def _start(self, states: Any, labels: list[str], release: ReleaseOptions) -> PendingRelease:
         self._check_idle()
         with self._upload_lock:
             self._writer_for()  # built here, from the model as it is, not while the next step trains
-        step, decoding = self._step, self._query_decoding(self._step)
+        step = self._step
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-feedback",
                                                 initializer=yield_cpu_to_training)
-        future = self._executor.submit(self._background_query, states, decoding, labels)
+        future = self._executor.submit(self._background_query, states, step, labels, release)
         self._outstanding = PendingRelease(self, future, step, len(labels))
         return self._outstanding
 
     def release_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[float] | None:
         """One (DP) release of the feedback-split accuracy of uploaded checkpoints, or None."""
-        ids = list(checkpoint_ids)
+        return self._release(list(checkpoint_ids), _Query(self._query_decoding(self._step)))
+
+    def _release(self, ids: list[str], query: _Query) -> list[float] | None:
         try:
             with self._phase("owner_wait"):
-                response = self.client.evaluate(ids, self._query_decoding(self._step), split=pb.SPLIT_FEEDBACK)
+                response = self.client.evaluate(ids, query.decoding, split=pb.SPLIT_FEEDBACK, **query.extra)
         except FeedbackError as err:
             return self._settle(self._step, err)
         return self._settle(self._step, (ids, response))
+
+    def _query(self, states: Sequence[dict[str, Any]], release: ReleaseOptions, step: int) -> _Query | None:
+        """The decoding and difference settings of one query of `states` ([base, *candidates] for a
+        difference release); None when the candidates equal the base on the trainer's own prompts
+        (a difference release would tell nothing: it is not sent)."""
+        decoding = self._query_decoding(step, release)
+        if not release.is_difference:
+            return _Query(decoding)
+        clip = release.clip
+        if clip is None:
+            clip = self._calibration(release).clip_for(states[0], states[1:], _decoding_of(decoding),
+                                                       self._max_clip())
+            if clip is None:
+                self.stats.skipped += 1
+                log.info("step %d: the candidates equal the live model on the trainer's prompts; no release", step)
+                return None
+        self.stats.last_clip = clip
+        return _Query(decoding, pb.DifferenceRequest(metric=release.metric, clip=clip))
+
+    def _calibration(self, release: ReleaseOptions) -> ClipCalibration:
+        if self._clip_calibration is None or self._clip_calibration.options != release:
+            from trainer_node.feedback.clip_calibration import ClipCalibration
+
+            self._clip_calibration = ClipCalibration(self.trainer, release, seed=int(self.decoding.seed))
+        return self._clip_calibration
+
+    def _max_clip(self) -> float:
+        """The owner's max_clip (GetInfo), read once; 0 when unknown."""
+        if self._owner_max_clip is None:
+            try:
+                self._owner_max_clip = float(self.client.info().difference_support.max_clip)
+            except FeedbackError:
+                return 0.0
+        return self._owner_max_clip
 
     def drain(self) -> None:
         """Wait for a query still in flight and book its release (the run's end)."""
@@ -279,10 +376,15 @@ class OwnerFeedback:
             return contextlib.nullcontext()
         return clock.phase(name)
 
-    def _query_decoding(self, step: int) -> pb.DecodingSettings:
+    def _query_decoding(self, step: int, release: ReleaseOptions = ACCURACY) -> pb.DecodingSettings:
         decoding = pb.DecodingSettings()
         decoding.CopyFrom(self.decoding)
         decoding.seed = self.decoding.seed + step  # fresh seed per query, shared by candidates
+        if release.is_difference:  # the owner samples the live model's completions, or scores the reference
+            sampled = release.samples
+            decoding.samples_per_prompt = release.samples_per_prompt if sampled else 1
+            if sampled:
+                decoding.temperature = release.temperature
         return decoding
 
     def _upload_all(self, states: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
@@ -310,17 +412,27 @@ class OwnerFeedback:
             writer.discard(written)
         return checkpoint_id
 
-    def _background_query(self, make_states: Any, decoding: pb.DecodingSettings, labels: list[str]):
-        """On the background thread: (ids, response), or the FeedbackError that ended the query."""
+    def _background_query(self, make_states: Any, step: int, labels: list[str], release: ReleaseOptions):
+        """On the background thread: (ids, response), None (nothing worth releasing), or the
+        FeedbackError that ended the query."""
         _BACKGROUND.active = True
         cpu_started = time.thread_time()
         try:
-            return self._background_work(make_states, decoding, labels)
+            return self._background_work(make_states, step, labels, release)
         finally:
             self.stats.background_cpu_s += time.thread_time() - cpu_started
 
-    def _background_work(self, make_states: Any, decoding: pb.DecodingSettings, labels: list[str]):
+    def _background_work(self, make_states: Any, step: int, labels: list[str], release: ReleaseOptions):
         states = make_states()
+        started = time.perf_counter()
+        try:
+            query = self._query(states, release, step)  # a difference release's clip: candidate work
+        except FeedbackError as err:
+            return err
+        finally:
+            self.stats.background_candidates_s += time.perf_counter() - started
+        if query is None:
+            return None
         started = time.perf_counter()
         try:
             ids = self._upload_all(states, labels)
@@ -330,14 +442,17 @@ class OwnerFeedback:
             self.stats.background_upload_s += time.perf_counter() - started
         started = time.perf_counter()
         try:
-            return ids, self.client.evaluate(ids, decoding, split=pb.SPLIT_FEEDBACK)
+            return ids, self.client.evaluate(ids, query.decoding, split=pb.SPLIT_FEEDBACK, **query.extra)
         except FeedbackError as err:
             return err
         finally:
             self.stats.background_owner_s += time.perf_counter() - started
 
     def _settle(self, step: int, outcome: Any) -> list[float] | None:
-        """Book a query's outcome on the training thread: pacer, statistics, the accuracies."""
+        """Book a query's outcome on the training thread: pacer, statistics, the released values
+        (accuracies, or a difference release's differences, one per candidate)."""
+        if outcome is None:  # not sent: nothing to release (_query)
+            return None
         if isinstance(outcome, BudgetExhausted):
             self.pacer.mark_exhausted()
             self.stop_reason = f"the owner refused a release: {outcome.reason or 'RESOURCE_EXHAUSTED'}"
@@ -356,17 +471,20 @@ class OwnerFeedback:
         self.stats.epsilon_spent = privacy.epsilon_spent_total
         self.stats.epsilon_remaining = privacy.epsilon_remaining
         self.stats.last_noise_std = privacy.noise_std
-        accuracies = [result.accuracy for result in response.results]
+        difference = response.kind == pb.RELEASE_KIND_ACCURACY_DIFFERENCE
+        values = [r.accuracy_difference if difference else r.accuracy for r in response.results]
         self.stats.log.append(
             {
                 "step": step,
                 "candidates": len(ids),
-                "accuracies": accuracies,
+                "kind": "difference" if difference else "accuracy",
+                "accuracies" if not difference else "differences": values,
+                "noise_std": privacy.noise_std,
                 "epsilon_this_release": privacy.epsilon_this_release,
                 "epsilon_spent": privacy.epsilon_spent_total,
             }
         )
-        return accuracies
+        return values
 
 
 # --- wiring -------------------------------------------------------------------------------

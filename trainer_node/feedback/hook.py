@@ -57,7 +57,8 @@ class OwnerFeedbackHook:
         stats = self.feedback.stats
         record.update(feedback_queries=stats.queries, feedback_failures=stats.failures,
                       epsilon_spent=stats.epsilon_spent, feedback_uploaded_bytes=stats.uploaded_bytes,
-                      feedback_query_uploaded_bytes=stats.query_uploaded_bytes)
+                      feedback_query_uploaded_bytes=stats.query_uploaded_bytes,
+                      feedback_noise_std=stats.last_noise_std, feedback_clip=stats.last_clip)
         if self.selector is not None:
             self.selector.after_step(step)
 

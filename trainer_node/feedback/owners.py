@@ -98,8 +98,17 @@ class MultiOwnerFeedback:
     def candidates(self, batch: Sequence[Any], weights: Sequence[Sequence[float]]) -> list[Any]:
         return self.trainer.lookahead_state_dicts(batch, weights)
 
-    def evaluate(self, candidates: Sequence[Any]) -> list[float] | None:
-        return self._release(self._due(self._step), lambda o: o.feedback.evaluate(candidates))
+    def direction_clusters(self) -> list[str]:
+        return list(self.trainer.direction_clusters()) if hasattr(self.trainer, "direction_clusters") else []
+
+    def direction_candidates(self, mixtures: Sequence[Any]) -> list[Any]:
+        return self.trainer.direction_state_dicts(mixtures)
+
+    def evaluate(self, candidates: Sequence[Any], release: Any = None) -> list[float] | None:
+        """One release per due owner (a difference release: each owner's clip from the trainer's prompts),
+        aggregated with the owners' weights."""
+        extra = {} if release is None else {"release": release}
+        return self._release(self._due(self._step), lambda o: o.feedback.evaluate(candidates, **extra))
 
     def release_current(self, step: int) -> float | None:
         """The final release: every live owner (weight or not) is asked once; the aggregate is returned."""

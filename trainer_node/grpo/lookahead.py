@@ -11,6 +11,10 @@ after training on the reweighted batch. The step is taken by a lookahead optimiz
   comparable.
 - "sgd": p - lr * g, no weight decay. Cheaper (no state reads) but its step size depends on
   gradient scale.
+- "adam_preconditioned": p - lr * g / (sqrt(v_hat) + eps), the live AdamW's per-coordinate scale
+  without its momentum: candidates differ from the base by their own gradients only, which is
+  what a difference release (docs/L2RR.md 4.1) measures; an AdamW candidate's shared momentum
+  would take most of each row's clip range.
 
 Each entry is a step rule `(param, grad, hyper, optimizer_state) -> new param`, computed out of
 place; the rule alone decides what of `hyper` and of the live optimizer's state it uses, so the
@@ -72,6 +76,22 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper, s
 def sgd_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper, state: dict) -> torch.Tensor:
     """Plain SGD: p - lr * g (no weight decay, no optimizer state)."""
     return param - hyper.lr * grad
+
+
+@LOOKAHEAD_OPTIMIZERS.register("adam_preconditioned")
+def adam_preconditioned_step(param: torch.Tensor, grad: torch.Tensor, hyper: LookaheadHyper,
+                             state: dict) -> torch.Tensor:
+    """p - lr * g / (sqrt(v_hat) + eps): the live AdamW's per-coordinate scale (its bias-corrected second
+    moment), without its momentum or weight decay. Every candidate of a query then differs from the
+    base by its own gradient alone, the part the momentum they would all share hides, and moves about
+    as far per coordinate as an AdamW step. With no state yet (the first step) v_hat = g^2, the size of
+    AdamW's first step."""
+    if "exp_avg_sq" in state and float(state.get("step", 0)) > 0:
+        beta2 = hyper.betas[1]
+        second = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+    else:
+        second = grad * grad
+    return param - hyper.lr * grad / (second.sqrt() + hyper.eps)
 
 
 def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:

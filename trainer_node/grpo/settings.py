@@ -7,7 +7,7 @@ front-ends build it directly, e.g. `GRPOSettings(lr=1e-2, kl_coef=0.05)`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
 
@@ -68,10 +68,24 @@ class GRPOSettings(Section):
     lookahead: str = Field(
         default="adamw",
         description="How lookahead candidates (L2RR) take their one step: a registered lookahead optimizer "
-        "(trainer_node.grpo.lookahead), 'adamw' (a copy of the AdamW state) or 'sgd'.",
+        "(trainer_node.grpo.lookahead), 'adamw' (a copy of the AdamW state), 'sgd', or 'adam_preconditioned' "
+        "(AdamW's per-coordinate scale, no momentum: a candidate moves along its own gradient only).",
     )
     lookahead_lr: float | None = Field(
         default=None, gt=0, description="Step size of lookahead candidates; None = lr."
+    )
+    lookahead_directions: Literal["batch", "cluster_mean"] = Field(
+        default="batch",
+        description="What a lookahead candidate (L2RR) steps along: 'batch', the gradient of this step's "
+        "groups of its cluster; 'cluster_mean', each cluster's running direction over recent updates "
+        "(trainer_node/grpo/cluster_directions.py: the gradient of a batch of that cluster alone, averaged "
+        "with weight direction_beta per step), so a candidate exists for every cluster seen so far and "
+        "carries more than the one or two prompts a batch holds. It splits every update's backward by cluster "
+        "and keeps one gradient copy per cluster.",
+    )
+    direction_beta: float = Field(
+        default=0.9, ge=0, lt=1,
+        description="cluster_mean: the weight each step's direction keeps per update (0.9: about the last 10).",
     )
     lookahead_from_update: bool = Field(
         default=True,

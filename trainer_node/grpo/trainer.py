@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from rlvr_core.engines.base import GenerationEngine, SamplingParams
 from trainer_node.grpo.advantages import AdvantageInput, compute_advantages
 from trainer_node.grpo.batch import PolicyBatch, collate, flatten_groups
+from trainer_node.grpo.cluster_directions import ClusterDirections
 from trainer_node.grpo.geometry import head_features
 from trainer_node.grpo.gradient_tap import GradientTap
 from trainer_node.grpo.logprobs import token_logprobs
@@ -67,6 +68,8 @@ class LookaheadSnapshot:
     tap: GradientTap | None = None
     """Filled by the next update with the batch's per-class gradients (grpo/gradient_tap.py);
     None: the candidates are recomputed from the snapshot."""
+    directions: ClusterDirections | None = None
+    """The clusters' running directions as of the snapshot (grpo.lookahead_directions = cluster_mean)."""
 
 
 class GRPOTrainer:
@@ -124,6 +127,10 @@ class GRPOTrainer:
         self.clock = PhaseClock()  # per-phase seconds of each step (grpo/timing.py)
         self._scratch: torch.nn.Module | None = None  # the lookahead's private model copy (snapshots)
         self._pending_tap: GradientTap | None = None  # the next update's (lookahead_snapshot)
+        # Each cluster's running direction, fed by every update (grpo/cluster_directions.py); None: candidates
+        # step along their cluster's groups of the query's batch.
+        self.directions = (ClusterDirections(settings.direction_beta)
+                           if settings.lookahead_directions == "cluster_mean" else None)
 
     # ----------------------------------------------------------------- the step
     def train_step(self) -> dict[str, Any]:
@@ -275,6 +282,8 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 if tap is not None:  # one optimizer step per batch (lookahead_snapshot checked it)
                     step_loss, step_metrics = self._tapped_backward(mini, tap)
+                elif self.directions is not None:
+                    step_loss, step_metrics = self._cluster_backward(mini, groups)
                 else:
                     step_loss, step_metrics = self._backward(mini)
                 params = [p for p in self.model.parameters() if p.requires_grad]
@@ -312,14 +321,38 @@ class GRPOTrainer:
         """`_backward`, class by class (grpo/gradient_tap.py): each class's gradient is kept for the
         tap, and .grad gets their sum, the same gradient up to the order of the additions."""
         full = mini.with_normalisers()
-        row_class = tap.row_classes(full.group_ids)
+        names, class_grads, step_loss, step_metrics = self._class_backward(full, tap.row_classes(full.group_ids),
+                                                                           tap.classes)
+        tap.fill(names, class_grads)
+        return step_loss, step_metrics
+
+    def _cluster_backward(self, mini: PolicyBatch, groups: Sequence[Group]) -> tuple[float, dict[str, float]]:
+        """`_backward`, cluster by cluster: each cluster's gradient feeds its running direction
+        (grpo/cluster_directions.py), and .grad gets their sum."""
+        full = mini.with_normalisers()
+        clusters = sorted({g.cluster for g in groups})
+        position = {c: k for k, c in enumerate(clusters)}
+        of_group = torch.tensor([position[g.cluster] for g in groups], dtype=torch.long, device=full.group_ids.device)
+        row_cluster = of_group[full.group_ids]
+        names, class_grads, step_loss, step_metrics = self._class_backward(full, row_cluster, len(clusters))
+        present = set(full.group_ids.tolist())
+        counts = {c: sum(1 for i, g in enumerate(groups) if g.cluster == c and i in present) for c in clusters}
+        self.directions.record(names, dict(zip(clusters, class_grads, strict=True)), counts, len(present))
+        return step_loss, step_metrics
+
+    def _class_backward(
+        self, full: PolicyBatch, row_class: torch.Tensor, classes: int
+    ) -> tuple[list[str], list[list[torch.Tensor]], float, dict[str, float]]:
+        """One backward pass per class of rows (whole-batch normalisers): .grad gets their sum (a
+        parameter no row's loss reaches keeps .grad None); returns (parameter names, each class's
+        gradients, summed loss, summed metrics)."""
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         step_loss = 0.0
         step_metrics: dict[str, float] = {}
         class_grads: list[list[torch.Tensor]] = []
-        used = [False] * len(params)  # a parameter no row's loss reaches keeps .grad None
-        for k in range(tap.classes):
+        used = [False] * len(params)
+        for k in range(classes):
             rows = torch.nonzero(row_class == k).flatten()
             if not len(rows):
                 class_grads.append([torch.zeros_like(p) for p in params])
@@ -336,8 +369,7 @@ class GRPOTrainer:
                 for grads in class_grads[1:]:
                     total.add_(grads[i])
                 param.grad = total
-        tap.fill([n for n, _ in named], class_grads)
-        return step_loss, step_metrics
+        return [n for n, _ in named], class_grads, step_loss, step_metrics
 
     def _skipped_update(self, step: int) -> dict[str, float]:
         log.info("step %d: every group was filtered out; skipping the update", step)
@@ -368,6 +400,46 @@ class GRPOTrainer:
         with self.clock.phase("candidates"):
             return self._lookahead(self.model, self._live_optimizer_state(), batch, weights)
 
+    def scratch_model(self) -> torch.nn.Module:
+        """The trainer's private model copy (made once): lookahead snapshots build candidates on it, and
+        a difference release's clip is measured on it (feedback/clip_calibration.py), never on the live model."""
+        if self._scratch is None:
+            self._scratch = copy.deepcopy(self.model)
+        return self._scratch
+
+    def direction_clusters(self) -> list[str]:
+        """Clusters a candidate can be built for from a running direction ([] without cluster_mean)."""
+        return self.directions.clusters() if self.directions is not None else []
+
+    def direction_state_dicts(self, mixtures: Sequence[Mapping[str, float]]) -> list[dict[str, torch.Tensor]]:
+        """For each cluster mixture (cluster name -> share), the parameters after one lookahead step
+        along sum_c share_c * D_c from the current ones (grpo/cluster_directions.py); live state is
+        untouched. Clipped and stepped as `lookahead_state_dicts` steps its gradients."""
+        if self.directions is None:
+            raise RuntimeError("direction candidates need grpo.lookahead_directions = 'cluster_mean'")
+        with self.clock.phase("candidates"):
+            return self._direction_steps(self.model, self._live_optimizer_state(), self.directions, mixtures)
+
+    def _direction_steps(self, model: torch.nn.Module, optimizer_state: Mapping[str, dict],
+                         directions: ClusterDirections, mixtures: Sequence[Mapping[str, float]]) -> list[dict]:
+        hyper = self._lookahead_hyper()
+        results = []
+        for shares in mixtures:
+            clipped = clip_gradients(directions.mixture(shares), self.settings.max_grad_norm)
+            by_name = dict(zip(directions.names, clipped, strict=True))
+            results.append(stepped_state_dict(model, by_name, optimizer_state, self.lookahead_step, hyper))
+        return results
+
+    def directions_from_snapshot(
+        self, snapshot: LookaheadSnapshot, mixtures: Sequence[Mapping[str, float]]
+    ) -> list[dict[str, torch.Tensor]]:
+        """`direction_state_dicts` as of the snapshot, on the private model copy (safe beside training)."""
+        if snapshot.directions is None:
+            raise RuntimeError("this snapshot holds no cluster directions")
+        scratch = self._load_scratch(snapshot)
+        return self._frozen_live(self._direction_steps(scratch, snapshot.optimizer_state, snapshot.directions,
+                                                       mixtures), snapshot)
+
     def lookahead_snapshot(
         self, batch: Sequence[Group] | None = None, weights: Sequence[Sequence[float]] | None = None
     ) -> LookaheadSnapshot:
@@ -379,8 +451,7 @@ class GRPOTrainer:
         (grpo/gradient_tap.py): the candidates then need no forward or backward pass of their own."""
         with self.clock.phase("candidates"):
             self.release_lookahead_tap()
-            if self._scratch is None:
-                self._scratch = copy.deepcopy(self.model)  # once; a run's later snapshots reuse it
+            self.scratch_model()
             trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
             state = {
                 n: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
@@ -389,12 +460,15 @@ class GRPOTrainer:
             }
             tap = self._new_tap(batch, weights)
             self._pending_tap = tap
-            return LookaheadSnapshot(trainable, state, self.current_state_dict(), tap)
+            directions = self.directions.copy() if self.directions is not None else None
+            return LookaheadSnapshot(trainable, state, self.current_state_dict(), tap, directions)
 
     def _new_tap(self, batch: Sequence[Group] | None, weights: Sequence[Sequence[float]] | None) -> GradientTap | None:
         s = self.settings
         # several optimizer steps per batch: the first one's gradient is not the batch's at theta_t
         if not s.lookahead_from_update or batch is None or not weights or s.ppo_epochs * s.mini_batches > 1:
+            return None
+        if self.directions is not None:  # candidates step along the clusters' running directions
             return None
         if any(len(vector) != len(batch) for vector in weights):
             return None  # _lookahead names the mistake when the candidates are recomputed
@@ -413,11 +487,7 @@ class GRPOTrainer:
     ) -> list[dict[str, torch.Tensor]]:
         """`lookahead_state_dicts` as of the snapshot, computed on a private copy of the model (safe
         beside the training thread: nothing live is written, and the phase clock is not used)."""
-        scratch = self._scratch
-        with torch.no_grad():
-            for name, param in scratch.named_parameters():
-                if name in snapshot.trainable:
-                    param.copy_(snapshot.trainable[name])
+        scratch = self._load_scratch(snapshot)
         if snapshot.tap is not None and snapshot.tap.wait():
             try:
                 out = self._tapped_lookahead(scratch, snapshot.optimizer_state, snapshot.tap)
@@ -425,9 +495,24 @@ class GRPOTrainer:
                 snapshot.tap.clear()  # K gradient copies: not kept through the upload and the owner's wait
         else:
             out = self._lookahead(scratch, snapshot.optimizer_state, batch, weights)
+        return self._frozen_live(out, snapshot)
+
+    def _load_scratch(self, snapshot: LookaheadSnapshot) -> torch.nn.Module:
+        """The private model copy, holding the snapshot's trainable parameters."""
+        scratch = self._scratch
+        with torch.no_grad():
+            for name, param in scratch.named_parameters():
+                if name in snapshot.trainable:
+                    param.copy_(snapshot.trainable[name])
+        return scratch
+
+    def _frozen_live(self, out: list[dict[str, torch.Tensor]], snapshot: LookaheadSnapshot) -> list[dict]:
+        """Frozen tensors of each candidate: the live ones (never modified), so the writer skips them.
+        Trained means a trainable parameter under any of its keys: a tied alias (lm_head.weight of
+        tied embeddings, absent from named_parameters) keeps its stepped value."""
         live = self.model.state_dict(keep_vars=True)
-        trained = set(snapshot.trainable)
-        for state in out:  # frozen tensors: the live ones (never modified), so the writer skips them
+        trained = {key for key, tensor in live.items() if isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad}
+        for state in out:
             for name in state:
                 if name not in trained and name in live:
                     state[name] = live[name].detach()

@@ -164,31 +164,44 @@ class AnsweredFeedback:
 
 def send_query(
     feedback: FeedbackContext, batch: Sequence[Group], weights: Sequence[Sequence[float]], asynchronous: bool,
-    with_base: bool = True,
+    with_base: bool = True, *, mixtures: Sequence[Mapping[str, float]] | None = None, release: Any = None,
 ) -> PendingFeedback:
-    """One query of lookahead candidates (one per weight vector). Asynchronous, when asked and the
-    context can (OwnerFeedback.submit_lookahead: candidates built, uploaded and scored off the
-    training thread); otherwise built and answered now. The caller reads the release from the
-    returned handle either way.
+    """One query of lookahead candidates (one per weight vector, or, with `mixtures`, one per cluster
+    mixture along the clusters' running directions: FeedbackContext.direction_candidates). Asynchronous,
+    when asked and the context can (OwnerFeedback.submit_lookahead / submit_directions: candidates built,
+    uploaded and scored off the training thread); otherwise built and answered now. The caller reads the
+    release from the returned handle either way.
 
     `with_base = False`: the caller needs only differences between the candidates, so the live
     model is left out of the release where the context can do that (`releases_without_base`):
     one checkpoint fewer to upload and for the owner to score, and a smaller release (epsilon
     per release grows with its length). The release is then [*candidates]; otherwise it is
-    [base, *candidates], as the caller must accept either way."""
+    [base, *candidates], as the caller must accept either way.
+
+    `release` (trainer_node/feedback/release.py ReleaseOptions; None: accuracy) a difference release:
+    the base is sent (its differences are from it), and the release is [*candidates] differences."""
+    extra = {} if release is None else {"release": release}
+    if mixtures is not None:
+        submit = getattr(feedback, "submit_directions", None) if asynchronous else None
+        if submit is not None:
+            return submit(mixtures, with_base=with_base, **extra)
+        candidates = feedback.direction_candidates(mixtures)
+        if getattr(feedback, "releases_without_base", False):
+            return AnsweredFeedback(feedback.evaluate(candidates, with_base=with_base, **extra))
+        return AnsweredFeedback(feedback.evaluate(candidates, **extra))
     omit = weights and not with_base and getattr(feedback, "releases_without_base", False)
     if omit:
         submit = getattr(feedback, "submit_lookahead", None) if asynchronous else None
         if submit is not None:
-            return submit(batch, weights, with_base=False)
-        return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights), with_base=False))
+            return submit(batch, weights, with_base=False, **extra)
+        return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights), with_base=False, **extra))
     if not weights:  # the current model alone (release_difference): nothing to build
         submit_current = getattr(feedback, "submit", None) if asynchronous else None
         return submit_current([]) if submit_current is not None else AnsweredFeedback(feedback.evaluate([]))
     submit = getattr(feedback, "submit_lookahead", None) if asynchronous else None
     if submit is not None:
-        return submit(batch, weights)
-    return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights)))
+        return submit(batch, weights, **extra)
+    return AnsweredFeedback(feedback.evaluate(feedback.candidates(batch, weights), **extra))
 
 
 class DataPolicy(ABC):

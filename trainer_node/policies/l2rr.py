@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from trainer_node.feedback.release import ReleaseOptions
 from trainer_node.policies.base import (
     POLICIES,
     DataPolicy,
@@ -127,6 +128,13 @@ class L2rrOptions(PolicyOptions):
         "checkpoint fewer per query to upload and score, and less epsilon per release. true reproduces "
         "runs from before it was left out.",
     )
+    release: ReleaseOptions = Field(
+        default_factory=ReleaseOptions,
+        description="What each query asks the owner to release (trainer_node/feedback/release.py): kind "
+        "'accuracy' (the candidates' noisy accuracies) or 'difference' (each candidate's clipped accuracy change "
+        "from the live model, noise calibrated to the clip chosen from the trainer's own prompts), with its "
+        "metric and clip.",
+    )
     fixed_staleness: bool = Field(
         default=False,
         description="Apply every release exactly max_staleness steps after its query (waiting for it if it "
@@ -178,6 +186,8 @@ class InFlightQuery:
     step: int
     plan: QueryPlan
     pending: PendingFeedback
+    differences: bool = False
+    """A difference release: its values are the candidates' changes from the base (read as [0, *values])."""
 
 
 @POLICIES.register("l2rr", options=L2rrOptions)
@@ -304,17 +314,41 @@ class L2rrPolicy(DataPolicy):
     def _maybe_query(self, step: int, batch: Sequence[Group], feedback: FeedbackContext | None) -> None:
         if not self.options.learn_q or feedback is None or self._in_flight is not None:
             return
-        needs_batch = self.estimator.needs_candidates  # candidates are built from this batch
+        directions = self._direction_mask(feedback)  # candidates along running cluster directions, if offered
         batch_clusters = self.cluster_of[[g.index for g in batch]] if batch else np.zeros(0, dtype=np.int64)
-        if needs_batch and len(np.unique(batch_clusters)) < 2:
-            return  # no batch, or one cluster: no relative information about q, don't spend budget
+        if self.estimator.needs_candidates:
+            seen = directions.sum() if directions is not None else len(np.unique(batch_clusters))
+            if seen < 2:
+                return  # one cluster: no relative information about q, don't spend budget
         if not feedback.should_query(step):
             return
-        plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
+        plan = None
+        if directions is not None:
+            plan = self.estimator.plan_directions(directions, self.q(), self.rng)
+        if plan is None:
+            plan = self.estimator.plan(batch, batch_clusters, self.q(), self.rng)
+        mixtures = None if plan.mixtures is None else [
+            {self.cluster_names[c]: float(share) for c, share in enumerate(mix) if share} for mix in plan.mixtures]
+        # an accuracy release is every context's default: only a difference release is named
+        release = self.options.release if self.estimator.needs_candidates and self.options.release.is_difference \
+            else None
         pending = send_query(feedback, batch, plan.weights, asynchronous=self.options.max_staleness > 0,
-                             with_base=self.options.release_base or self.estimator.needs_base)
-        self._in_flight = InFlightQuery(step, plan, pending)
+                             with_base=self.options.release_base or self.estimator.needs_base,
+                             mixtures=mixtures, release=release)
+        self._in_flight = InFlightQuery(step, plan, pending, release is not None)
         self.collect_feedback(step)  # synchronous (max_staleness = 0): applied in this step
+
+    def _direction_mask(self, feedback: FeedbackContext) -> np.ndarray | None:
+        """(C,) bool: the clusters the trainer has a running direction for; None when it builds candidates
+        from the batch (grpo.lookahead_directions = batch) or the estimator needs none."""
+        offered = getattr(feedback, "direction_clusters", None)
+        names = offered() if offered is not None and self.estimator.needs_candidates else []
+        if not names:
+            return None
+        position = {name: c for c, name in enumerate(self.cluster_names)}
+        mask = np.zeros(len(self.cluster_names), dtype=bool)
+        mask[[position[n] for n in names if n in position]] = True
+        return mask
 
     def collect_feedback(self, step: int, wait: bool = False) -> None:
         """Apply the query in flight if its release is in, or if it is `max_staleness` steps old
@@ -333,7 +367,8 @@ class L2rrPolicy(DataPolicy):
             self.feedback_failures += 1
             return
         self.feedback_queries += 1
-        self.apply_hypergradient(query.plan.conclude(accuracies))
+        values = [0.0, *accuracies] if query.differences else accuracies  # the base's change from itself: 0
+        self.apply_hypergradient(query.plan.conclude(values))
 
     def apply_hypergradient(self, estimate: HypergradientEstimate) -> None:
         """One mirror-ascent step on the logits from a hypergradient and the waste penalty.

@@ -71,7 +71,11 @@ class QueryPlan:
     """One group-weight vector per candidate (len(batch) entries each)."""
     conclude: Callable[[Sequence[float]], HypergradientEstimate]
     """Released accuracies [base, *candidates] (or [*candidates] for an estimator that does not
-    need the base) -> the estimate (raises ValueError on a wrong length)."""
+    need the base) -> the estimate (raises ValueError on a wrong length). A difference release
+    is read as [0, *differences]: the base's change from itself is 0."""
+    mixtures: list[np.ndarray] | None = None
+    """Instead of `weights`: one cluster mixture (C,) per candidate, stepped along the clusters'
+    running directions (grpo.lookahead_directions = cluster_mean; `plan_directions`)."""
 
 
 class HypergradientEstimator(ABC):
@@ -95,6 +99,12 @@ class HypergradientEstimator(ABC):
         rng: np.random.Generator,
     ) -> QueryPlan:
         """The query to spend: its candidates' group weights and how to read its release."""
+
+    def plan_directions(self, available: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> QueryPlan | None:
+        """The query to spend when the trainer builds candidates along running cluster directions
+        (`available`: (C,) bool, the clusters with one): candidates as cluster mixtures. None: this
+        estimator has no such plan (it is then planned from the batch, `plan`)."""
+        return None
 
     def estimate(
         self,
@@ -183,18 +193,35 @@ class LookaheadEstimator(HypergradientEstimator):
             [1.0 if c == cluster else 0.0 for c in batch_clusters.tolist()] for cluster in present.tolist()
         ]
 
-        def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
-            values = _released(accuracies, len(weights), base_optional=True)
-            grad = np.zeros(len(q))
-            if len(values) > len(weights):
-                grad[present] = values[1:] - values[0]
-            else:
-                grad[present] = values - values.mean()
-            observed = np.zeros(len(q), dtype=bool)
-            observed[present] = True
-            return HypergradientEstimate(grad, observed)
+        return QueryPlan(weights, _per_cluster_conclusion(present, len(q)))
 
-        return QueryPlan(weights, conclude)
+    def plan_directions(self, available, q, rng):
+        present = np.flatnonzero(available)
+        if len(present) < 2:
+            return None
+        limit = self.settings.lookahead_max_clusters
+        if 0 < limit < len(present):
+            present = np.sort(rng.choice(present, size=limit, replace=False))
+        mixtures = [np.eye(len(q))[cluster] for cluster in present.tolist()]
+        return QueryPlan([], _per_cluster_conclusion(present, len(q)), mixtures)
+
+
+def _per_cluster_conclusion(present: np.ndarray, clusters: int) -> Callable[[Sequence[float]], HypergradientEstimate]:
+    """g_c = acc(theta_c) - acc(theta) for each cluster of `present` (one candidate each, in order);
+    without the base, the candidates' accuracies centred (the same vector L2RR steps along)."""
+
+    def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
+        values = _released(accuracies, len(present), base_optional=True)
+        grad = np.zeros(clusters)
+        if len(values) > len(present):
+            grad[present] = values[1:] - values[0]
+        else:
+            grad[present] = values - values.mean()
+        observed = np.zeros(clusters, dtype=bool)
+        observed[present] = True
+        return HypergradientEstimate(grad, observed)
+
+    return conclude
 
 
 @ESTIMATORS.register("spsa")
@@ -240,6 +267,29 @@ class SpsaEstimator(HypergradientEstimator):
             return HypergradientEstimate(grad, observed, gain=a_k)
 
         return QueryPlan([group_weights(+1.0), group_weights(-1.0)], conclude)
+
+    def plan_directions(self, available, q, rng):
+        present = np.flatnonzero(available)
+        if len(present) < 2:
+            return None
+        a_k, c_k = self.gains()
+        delta = rng.choice(np.array([-1.0, 1.0]), size=len(q))
+
+        def mixture(sign: float) -> np.ndarray:  # the perturbed mix over the clusters with a direction
+            mix = np.zeros(len(q))
+            mix[present] = q[present] * np.exp(sign * c_k * delta[present])
+            return mix / mix.sum()
+
+        def conclude(accuracies: Sequence[float]) -> HypergradientEstimate:
+            y_plus, y_minus = _released(accuracies, 2, base_optional=True)[-2:]
+            grad = np.zeros(len(q))
+            grad[present] = (y_plus - y_minus) / (2 * c_k) * delta[present]
+            observed = np.zeros(len(q), dtype=bool)
+            observed[present] = True
+            self.iterations += 1
+            return HypergradientEstimate(grad, observed, gain=a_k)
+
+        return QueryPlan([], conclude, [mixture(+1.0), mixture(-1.0)])
 
     def state_dict(self) -> dict[str, Any]:
         return {"iterations": self.iterations}
