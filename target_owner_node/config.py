@@ -385,6 +385,20 @@ class PrivacyConfig(Section):
             raise ValueError(f"must be in (0, 1), e.g. 1e-10; got {v:g}")
         return v
 
+    @staticmethod
+    def tail_for(delta: float, planned_releases: int) -> float:
+        """The default row_cap_tail, or the largest one-significant-digit value below it that keeps
+        planned_releases x row_cap_tail within a tenth of delta (what `init` and `launch` write)."""
+        default = PrivacyConfig.model_fields["row_cap_tail"].default
+        planned = max(1, int(planned_releases))
+        if default * planned <= delta / 10:  # the validator's own comparison, rounding included
+            return default
+        exponent = math.floor(math.log10(delta / 10 / planned))
+        digit = 9
+        while float(f"{digit}e{exponent}") * planned > delta / 10:
+            digit, exponent = (digit - 1, exponent) if digit > 1 else (9, exponent - 1)
+        return float(f"{digit}e{exponent}")
+
     @model_validator(mode="after")
     def _tail_small_beside_delta(self) -> PrivacyConfig:
         # Over the planned releases the truncation events add planned_releases * row_cap_tail to delta;

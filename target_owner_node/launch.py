@@ -57,6 +57,7 @@ def launch_config(options: LaunchOptions, heldout_rows: int) -> dict[str, dict[s
             "epsilon_budget": float(options.epsilon),
             "sample_rate": float(options.sample_rate),
             "planned_releases": int(options.planned_releases),
+            "row_cap_tail": PrivacyConfig.tail_for(default_of(PrivacyConfig, "delta"), options.planned_releases),
         },
         "tls": {
             "ca_cert": str(options.ca.resolve()),

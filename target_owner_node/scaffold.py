@@ -52,6 +52,7 @@ epsilon_budget = {epsilon}           # total epsilon this node will ever spend
 delta = {delta}                          # must be below 1 / held-out size
 planned_releases = {planned_releases}                # the noise is calibrated so this many releases fit the budget
 sample_rate = {sample_rate}                     # Poisson subsampling rate q (1.0 = every row)
+row_cap_tail = {row_cap_tail}                   # P(subsample > rows_per_query); x planned_releases stays <= delta / 10
 accountant = "rdp"                    # or "prv"
 per_client_epsilon_cap = 0.0          # 0 = no per-client cap
 
@@ -159,6 +160,7 @@ def init_node(
             delta=repr(float(default_of(PrivacyConfig, "delta"))),
             sample_rate=repr(float(sample_rate)),
             planned_releases=int(planned_releases),
+            row_cap_tail=repr(PrivacyConfig.tail_for(default_of(PrivacyConfig, "delta"), planned_releases)),
             client_name=_toml_string(client_name),
             **{
                 key: _toml_string(Path(pki[key]).relative_to(directory).as_posix())

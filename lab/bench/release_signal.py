@@ -1,5 +1,5 @@
 """How much can one release tell? The per-release difference between two clusters' lookahead
-estimates, measured in L2RR runs, against the owner's DP noise on a released accuracy (prints a
+estimates, measured in L2RR runs, against the owner's DP noise on a released value (prints a
 table; not a test).
 
     python -m lab.bench.release_signal RUN_DIR [RUN_DIR ...] --pair add:crawl
@@ -12,6 +12,13 @@ acc(base) of the latest release); a release is a step where `feedback_queries` g
 A:B the table gives the per-release difference d = hypergrad/A - hypergrad/B: its mean over all
 releases, its sd from release to release, and the mean over releases of each run (the seeds'
 sd of that mean is what the bench's paired interval sees).
+
+Runs from this version on also log, at each release, the noise std the owner reported for each
+released value (`feedback_noise_std`; a difference release's is calibrated to its clip,
+`feedback_clip`): the table then gives the DP noise each release actually carried, sqrt(2) times
+that on a difference of two clusters, and the ratio of the mean d to it, per release and for a
+run's mean over its R releases (whose noise sd is that over sqrt(R)). "right sign" is the share of
+releases with d > 0 (A should beat B: --pair SKILL:HARMFUL).
 
 With the owner's privacy settings it also prints the DP noise of one released accuracy: the
 calibrated noise multiplier z (protocol.privacy.accountants, the owner's own calibration, for
@@ -34,9 +41,14 @@ from pathlib import Path
 import numpy as np
 
 
+NOISE_KEY = "feedback_noise_std"
+CLIP_KEY = "feedback_clip"
+
+
 def releases_of_run(run_dir: Path, clusters: Sequence[str]) -> list[dict[str, float]]:
     """The raw hypergradient of each release of one run, for `clusters` (a release: a step whose
-    record counts more feedback queries than the one before)."""
+    record counts more feedback queries than the one before), with the owner's reported noise std
+    and the clip of that release where the run logged them (keys NOISE_KEY, CLIP_KEY)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (a simulate run directory is expected)")
@@ -55,23 +67,37 @@ def releases_of_run(run_dir: Path, clusters: Sequence[str]) -> list[dict[str, fl
             if missing:
                 raise ValueError(f"{run_dir}: step {record.get('step')} logs no hypergrad/{missing[0]} "
                                  f"(clusters logged: {sorted(k[10:] for k in record if k.startswith('hypergrad/'))})")
-            out.append({c: float(record[f"hypergrad/{c}"]) for c in clusters})
+            release = {c: float(record[f"hypergrad/{c}"]) for c in clusters}
+            release.update({key: float(record[key]) for key in (NOISE_KEY, CLIP_KEY) if key in record})
+            out.append(release)
         seen = max(seen, queries)
     return out
 
 
 def signal(run_dirs: Sequence[Path], a: str, b: str) -> dict[str, float]:
-    """Per-release d = A - B over the runs: mean, sd per release, the runs' means and their sd."""
-    per_run = [[r[a] - r[b] for r in releases_of_run(d, (a, b))] for d in run_dirs]
+    """Per-release d = A - B over the runs: mean, sd per release, the runs' means and their sd, the
+    share with d > 0, and (runs that logged it) the owner's noise on d and the clips."""
+    runs = [releases_of_run(d, (a, b)) for d in run_dirs]
+    per_run = [[r[a] - r[b] for r in run] for run in runs]
     pooled = np.array([x for run in per_run for x in run], dtype=np.float64)
     run_means = np.array([np.mean(run) for run in per_run if run], dtype=np.float64)
+    noise = np.array([math.sqrt(2) * r[NOISE_KEY] for run in runs for r in run if NOISE_KEY in r])
+    clips = np.array([r[CLIP_KEY] for run in runs for r in run if r.get(CLIP_KEY, 0) > 0])
+    releases_per_run = float(pooled.size / len(per_run)) if per_run else math.nan
+    noise_sd = float(noise.mean()) if noise.size == pooled.size and pooled.size else math.nan
+    mean = float(pooled.mean()) if pooled.size else math.nan
     return {
         "runs": len(per_run), "releases": int(pooled.size),
-        "releases_per_run": float(pooled.size / len(per_run)) if per_run else math.nan,
-        "mean": float(pooled.mean()) if pooled.size else math.nan,
+        "releases_per_run": releases_per_run,
+        "mean": mean,
         "sd_per_release": float(pooled.std(ddof=1)) if pooled.size > 1 else math.nan,
         "run_mean_sd": float(run_means.std(ddof=1)) if run_means.size > 1 else math.nan,
         "exact_zero_share": float(np.mean(pooled == 0.0)) if pooled.size else math.nan,
+        "right_sign_share": float(np.mean(pooled > 0.0)) if pooled.size else math.nan,
+        "noise_sd_on_d": noise_sd,
+        "clip_median": float(np.median(clips)) if clips.size else math.nan,
+        "signal_to_noise_per_release": mean / noise_sd if noise_sd > 0 else math.nan,
+        "signal_to_noise_per_run": mean / (noise_sd / math.sqrt(releases_per_run)) if noise_sd > 0 else math.nan,
     }
 
 
@@ -108,7 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"d = hypergrad/{a} - hypergrad/{b} per release, {s['runs']} runs, {s['releases']} releases "
           f"({s['releases_per_run']:.1f} per run):")
     print(f"  mean {s['mean'] * pp:+.3f} pp   sd per release {s['sd_per_release'] * pp:.3f} pp   "
-          f"sd over runs of each run's mean {s['run_mean_sd'] * pp:.3f} pp   exactly 0: {s['exact_zero_share']:.0%}")
+          f"sd over runs of each run's mean {s['run_mean_sd'] * pp:.3f} pp   exactly 0: {s['exact_zero_share']:.0%}   "
+          f"right sign (d > 0): {s['right_sign_share']:.0%}")
+    if math.isfinite(s["noise_sd_on_d"]):
+        clip = f", median clip {s['clip_median'] * pp:.3f} pp" if math.isfinite(s["clip_median"]) else ""
+        if s["noise_sd_on_d"] > 0:
+            print(f"  DP noise the releases carried (owner-reported, on d): sd {s['noise_sd_on_d'] * pp:.3f} pp{clip}; "
+                  f"mean d / noise sd: {s['signal_to_noise_per_release']:.2f} per release, "
+                  f"{s['signal_to_noise_per_run']:.2f} for a run's mean of {s['releases_per_run']:.1f} releases")
+        else:
+            print(f"  exact releases (the owner added no noise){clip}")
     if args.feedback_size:
         noise = dp_noise(args.feedback_size, args.epsilon, args.delta, args.planned_releases, args.sample_rate)
         sd = noise["sd_per_candidate"]

@@ -62,7 +62,7 @@ def test_the_mislabelled_testbed_shifts_only_its_harmful_cluster_and_keeps_the_d
     assert [e.prompt for e in crawl] == [e.prompt for e in truth]
 
 
-@pytest.mark.parametrize("testbed", ["mislabelled", "mislabelled_add"])
+@pytest.mark.parametrize("testbed", ["mislabelled", "mislabelled_add", "mislabelled_mul"])
 def test_the_trainer_sees_no_trace_of_label_quality(testbed):
     """The pool, its cluster ids and its examples equal those of the same testbed with every
     hidden field removed, except the corrupted answers; no field names the quality."""
@@ -103,17 +103,19 @@ def test_the_oracle_samples_only_clean_skill_clusters():
     assert default["policy"]["domain_weights"] == {"count": 1.0} and "cluster_weights" not in default["policy"]
 
 
-def test_the_sums_testbed_keeps_its_skill_in_the_sums_and_its_wrong_copy_on_the_same_prompts():
-    """mislabelled_add: a target whose commonest answer is rare, clean sums as its skill cluster,
-    and `crawl` asking the same kind of sums with every answer +1 (RL only: a clean warm-up)."""
-    spec = load_testbed("mislabelled_add")
+@pytest.mark.parametrize(("testbed", "skill"), [("mislabelled_add", "add"), ("mislabelled_mul", "mul")])
+def test_the_arithmetic_testbeds_keep_their_skill_and_its_wrong_copy_on_the_same_prompts(testbed, skill):
+    """mislabelled_add (sums) and mislabelled_mul (products): a target whose commonest answer is rare,
+    the clean skill cluster, and `crawl` asking the same kind of question with every answer +1 (RL only:
+    a clean warm-up)."""
+    spec = load_testbed(testbed)
     data = build_testbed_data(spec)
     assert base_rates(data.test)["commonest_answer_accuracy"] < 0.2
-    assert skill_cluster_weights(spec) == {"add": 1.0}
+    assert skill_cluster_weights(spec) == {skill: 1.0}
     seen = {e.prompt for e in data.source + data.warmup}
     assert not seen & {e.prompt for e in data.feedback + data.test}
     assert not any(cluster_of(e) == "crawl" for e in data.warmup)
-    clean = build_testbed_data(parse_testbed(_without_hidden_fields(read_testbed_data("mislabelled_add"))))
+    clean = build_testbed_data(parse_testbed(_without_hidden_fields(read_testbed_data(testbed))))
     wrong = [e for e in data.source if cluster_of(e) == "crawl"]
     truth = [e for e in clean.source if cluster_of(e) == "crawl"]
     assert [e.prompt for e in wrong] == [e.prompt for e in truth]

@@ -12,14 +12,17 @@ from lab.bench import release_signal
 
 
 def write_run(path, releases):
-    """A run directory whose metrics log one release per entry of `releases` ({cluster: value})."""
+    """A run directory whose metrics log one release per entry of `releases` ({cluster: value}; keys
+    starting with "feedback_" are logged as they are)."""
     path.mkdir(parents=True)
     lines = []
     for step, values in enumerate(releases):
+        hypergrads = {c: v for c, v in values.items() if not c.startswith("feedback_")}
+        extra = {c: v for c, v in values.items() if c.startswith("feedback_")}
         lines.append({"kind": "train", "step": 2 * step, "feedback_queries": step,
-                      **{f"hypergrad/{c}": 0.5 for c in values}})  # no release yet: ignored
+                      **{f"hypergrad/{c}": 0.5 for c in hypergrads}})  # no release yet: ignored
         lines.append({"kind": "train", "step": 2 * step + 1, "feedback_queries": step + 1,
-                      **{f"hypergrad/{c}": v for c, v in values.items()}})
+                      **{f"hypergrad/{c}": v for c, v in hypergrads.items()}, **extra})
         lines.append({"kind": "eval", "step": 2 * step + 1})
     (path / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n{partial")
     return path
@@ -56,3 +59,14 @@ def test_the_cli_prints_the_signal_and_the_dp_part(tmp_path, capsys):
     assert "+1.000 pp" in out and "2 releases" in out and "N >= " in out
     with pytest.raises(SystemExit):
         release_signal.main([str(run), "--pair", "add"])
+
+
+def test_the_noise_each_release_carried_and_the_right_sign_share(tmp_path, capsys):
+    run = write_run(tmp_path / "s0", [{"add": 0.02, "crawl": 0.01, "feedback_noise_std": 0.001, "feedback_clip": 0.02},
+                                      {"add": 0.00, "crawl": 0.01, "feedback_noise_std": 0.001, "feedback_clip": 0.04}])
+    s = release_signal.signal([run], "add", "crawl")
+    assert s["right_sign_share"] == 0.5 and s["clip_median"] == pytest.approx(0.03)
+    assert s["noise_sd_on_d"] == pytest.approx(math.sqrt(2) * 0.001)
+    assert s["signal_to_noise_per_release"] == pytest.approx(0.0 / (math.sqrt(2) * 0.001))
+    release_signal.main([str(run), "--pair", "add:crawl"])
+    assert "owner-reported" in capsys.readouterr().out

@@ -151,6 +151,24 @@ def test_init_writes_a_servable_node(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("planned", [150, 1000, 2000, 100_000])
+def test_init_and_launch_write_a_row_cap_tail_their_planned_releases_allow(tmp_path, data_dir, pki, planned):
+    """row_cap_tail x planned_releases must stay within a tenth of delta: init and launch pick such a tail
+    (init --planned-releases 2000 used to write 1e-10, which serve then refused)."""
+    from target_owner_node.config import load_config
+    from target_owner_node.launch import LaunchOptions, write_launch_config
+
+    assert main(["init", str(tmp_path / "node"), "--testbed", "small", "--planned-releases", str(planned)]) == 0
+    config = load_config(tmp_path / "node" / "config.toml")  # the validator serve runs
+    assert config.privacy.planned_releases == planned
+    assert config.privacy.row_cap_tail * planned <= config.privacy.delta / 10
+    assert config.privacy.row_cap_tail == (1e-10 if planned <= 500 else config.privacy.row_cap_tail)
+    launched = write_launch_config(LaunchOptions(
+        heldout=data_dir / "heldout.jsonl", port=0, workdir=tmp_path / "launch", ca=pki["ca_cert"],
+        cert=pki["server_cert"], key=pki["server_key"], planned_releases=planned))
+    assert load_config(launched).privacy.row_cap_tail * planned <= 1e-7
+
+
 def test_launch_serves_a_held_out_file_like_serve(tmp_path, data_dir, pki):
     """`launch` (the suite's --launch-cmd): a config for one held-out file, served in the foreground."""
     from rlvr_core.tasks.io import read_examples, write_examples
