@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 NOISE_KEY = "feedback_noise_std"
 CLIP_KEY = "feedback_clip"
 
