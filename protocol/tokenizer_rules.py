@@ -16,6 +16,13 @@ uploaded files alone, before anything is charged:
 - BPE dropout is refused: it draws randomness outside the per-row seed rule;
 - a model's unknown token must be in its vocabulary: tokenizers raises on an unknown word
   otherwise, i.e. only on prompts that contain one;
+- the normalizer may lengthen a text by a bounded factor only (`normalizer_expansion`, at most
+  MAX_NORMALIZER_EXPANSION): a chain of literal Replace steps that each multiply a marker
+  character (or Unicode normalizations that re-expand what a Replace produced) grew exactly the
+  prompts holding a guessed string to 16^k characters, whose tokenizing time (or timeout)
+  revealed membership (issue 41). Together with the engines' public character budget per prompt
+  (rlvr_core/engines/base.py MAX_CHARS_PER_TOKEN) a row's tokenizing work is bounded by public
+  numbers, whatever it holds;
 - special tokens named in tokenizer_config.json / special_tokens_map.json must already be tokens
   of tokenizer.json: transformers ADDS a missing one at the next free id, past the embedding;
 - tokenizer_config.json may not carry `auto_map`, a `chat_template` (the owner never runs
@@ -26,6 +33,7 @@ Every refusal is a CheckpointValidationError(INVALID_CHECKPOINT) naming the file
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +80,16 @@ _SPLIT_BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext
 _ADDED_TOKEN_FIELDS = frozenset({"content", "single_word", "lstrip", "rstrip", "normalized", "special"})
 
 Check = Callable[[Any, str], None]
+
+# The most a normalizer may lengthen a text, as a factor on its length in characters: one NFKC
+# (or NFKD) step, the largest the Unicode standard allows (18 code points per code point, UAX #15),
+# times a lowercasing (3): what the tokenizers of common models use (BERT: NFD x Lowercase = 12;
+# Llama 2: Prepend + a 1-to-1 Replace = 1; many: NFKC or NFC alone).
+MAX_NORMALIZER_EXPANSION = 54
+# Worst-case length factor of each normalizer (code points out per code point in). Replace's is
+# computed from its texts; Prepend adds a constant (the text is prepended once, not per character).
+_EXPANSION = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 3, "StripAccents": 1, "Strip": 1,
+              "Prepend": 1}
 
 
 def _at(where: str) -> str:
@@ -295,6 +313,35 @@ def _check_component(
             check(value[name], f"{where}.{name}")
 
 
+def normalizer_expansion(normalizer: Any) -> float:
+    """The worst-case factor by which a checked normalizer (a component or a Sequence) lengthens a
+    text: the product of its steps' factors, a Replace's being len(content) / len(pattern) when
+    content is longer (a shorter content only shortens the text where the pattern matched)."""
+    if normalizer is None:
+        return 1.0
+    kind = normalizer["type"]
+    if kind == "Sequence":
+        total = 1.0
+        for step in normalizer["normalizers"]:
+            total *= normalizer_expansion(step)
+        return total
+    if kind == "Replace":
+        pattern, content = normalizer["pattern"]["String"], normalizer["content"]
+        return max(1.0, len(content) / len(pattern))
+    return float(_EXPANSION[kind])
+
+
+def _check_expansion(normalizer: Any) -> None:
+    factor = normalizer_expansion(normalizer)
+    if factor > MAX_NORMALIZER_EXPANSION:
+        raise refuse(
+            f"{_at('normalizer')} can lengthen a text {factor:g}-fold (the product of its steps' worst cases: "
+            f"NFKC/NFKD 18, NFD 4, NFC and Lowercase 3, a Replace len(content)/len(pattern)); at most "
+            f"{MAX_NORMALIZER_EXPANSION} is allowed: a normalizer that multiplies a guessed string makes "
+            "exactly the prompts that hold it slow to tokenize"
+        )
+
+
 def _post_processor_ids(value: Any, where: str) -> list[tuple[str, int]]:
     """(field, id) for every token id a checked post-processor inserts."""
     if value is None:
@@ -436,6 +483,7 @@ def check_tokenizer_json(tokenizer: dict[str, Any], rows: int, embedding: str) -
     for key, table, sequence_key in _STAGES:
         if tokenizer.get(key) is not None:
             _check_component(tokenizer[key], key, table, sequence_key)
+    _check_expansion(tokenizer.get("normalizer"))
     model = tokenizer.get("model")
     if not isinstance(model, dict) or model.get("type") not in MODELS:
         raise refuse(f"tokenizer.json: 'model.type' must be one of {', '.join(MODELS)}")
@@ -485,6 +533,60 @@ def cross_check_with_tokenizers(text: str, rows: int) -> None:
     largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
     if largest >= rows:
         raise refuse(f"tokenizer.json: the tokenizers library sees id {largest}, past {rows} embedding rows")
+    _probe_normalizer_growth(tokenizer, json.loads(text))
+
+
+# Characters with the largest Unicode expansions (NFKD: U+FDFA -> 18 code points; lowercasing U+0130
+# -> 2): a normalizer that re-expands what another step produced shows on them.
+_EXPANDING_TEXTS = ("\ufdfa", "\u0130", "\u1e9e", "\ufb03")
+_PROBE_CHARS = 256
+
+
+def _probe_texts(tokenizer_json: dict[str, Any]) -> list[str]:
+    """Public probe texts built from the tokenizer's own strings: every literal its normalizer
+    replaces or writes, every added token, each repeated to _PROBE_CHARS characters, and all of
+    them together: the inputs a normalizer aimed at a guessed string grows most on."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key in ("pattern", "content", "prepend"):
+                item = value.get(key)
+                if isinstance(item, dict) and isinstance(item.get("String"), str):
+                    found.append(item["String"])
+                elif isinstance(item, str) and item:
+                    found.append(item)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(tokenizer_json.get("normalizer"))
+    found += [t["content"] for t in tokenizer_json.get("added_tokens", []) if isinstance(t, dict)]
+    pieces = [t for t in dict.fromkeys([*found, *_EXPANDING_TEXTS, "a", " "]) if t]
+    texts = [(piece * (_PROBE_CHARS // len(piece) + 1))[:_PROBE_CHARS] for piece in pieces]
+    return [*texts, "".join(pieces)[: 4 * _PROBE_CHARS]]
+
+
+def _probe_normalizer_growth(tokenizer: Any, tokenizer_json: dict[str, Any]) -> None:
+    """Normalize the probe texts with the tokenizers library itself: none may grow past
+    MAX_NORMALIZER_EXPANSION times its length (plus a Prepend's constant): the static bound
+    (normalizer_expansion), checked on the library's own behaviour."""
+    normalizer = tokenizer.normalizer
+    if normalizer is None:
+        return
+    for text in _probe_texts(tokenizer_json):
+        try:
+            grown = len(normalizer.normalize_str(text))
+        except Exception as error:  # noqa: BLE001 - its messages could quote the file; name the type
+            raise refuse(f"tokenizer.json: its normalizer fails on a public probe text ({type(error).__name__})") from None
+        if grown > MAX_NORMALIZER_EXPANSION * len(text) + 4 * _MAX_TEXT:
+            raise refuse(
+                f"tokenizer.json: its normalizer grows a public probe text of {len(text)} characters to {grown}, "
+                f"more than {MAX_NORMALIZER_EXPANSION} times: a normalizer that multiplies a guessed string makes "
+                "exactly the prompts that hold it slow to tokenize"
+            )
 
 
 # --- tokenizer_config.json and special_tokens_map.json -----------------------------------------

@@ -9,14 +9,16 @@ candidates in one query costs more epsilon (about k single releases under RDP), 
 
 `charge` holds one lock across "would this exceed the budget?" and the durable writes, so
 concurrent clients cannot together overspend. Under that lock, in this order: the ledger's
-pending entry, the audit entry "release_charged" (public facts only), then the state marker
-(first charge of a storage folder only). A crash can therefore leave at most the last
-ledger charge unaudited, which is what the start-up cross-check (`ledger_audit`) allows.
+pending entry, the audit entry "release_charged" (public facts only), then the state marker's
+high-water mark (target_owner_node/state_marker.py). A crash can therefore leave at most the last
+ledger charge unaudited, which is what the start-up cross-check (`ledger_audit`) allows, and the
+mark at most one charge behind, never ahead.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +34,7 @@ from target_owner_node.config import PrivacyConfig
 from target_owner_node.ledger import DpEventRecord, Ledger, PendingRelease
 from target_owner_node.ledger_audit import CHARGE_EVENT, charge_fields
 from target_owner_node.logs import log_event
-from target_owner_node.state_marker import StateMarker, StateMarkerError
+from target_owner_node.state_marker import StateMarker, StateMarkerError, event_key
 
 # Accountants return floats computed by numerical optimisation; a release calibrated to land
 # exactly on the budget must not be refused for a rounding error.
@@ -68,6 +70,7 @@ class PrivacyBudget:
         self._total = build_accountant(privacy.accountant)
         self._clients: dict[str, object] = {}
         self._releases = 0
+        self.event_counts: Counter[str] = Counter()  # state_marker.event_key -> count: what the mark records
         for release in ledger.releases():  # composition is rebuilt from events only
             self._compose(release.pending.client, _to_event(release.pending.event))
         # Epsilon is cached: an accountant query can take a second (RDP at large q), and the
@@ -75,6 +78,9 @@ class PrivacyBudget:
         self._spent = self._epsilon(self._total)
         self._client_spent = {client: self._epsilon(a) for client, a in self._clients.items()}
         self._remaining_estimate: int | None = None
+        if marker is not None and self._releases:  # a folder charged before this mark existed (or upgraded)
+            first = ledger.releases()[0].pending.time
+            marker.record(self._releases, self.event_counts, self._spent, first_charge_time=first)
 
     # -- events ----------------------------------------------------------------------------
     def event_for(self, num_candidates: int) -> SampledGaussianEvent:
@@ -164,15 +170,16 @@ class PrivacyBudget:
             return pending
 
     def _record_marker(self) -> None:
-        """The first charge of this storage folder, recorded outside it. A failure here must not fail
+        """The spend's high-water mark, recorded outside the storage folder. A failure here must not fail
         the release (the charge is made): it is retried at the next charge and at the next start."""
         try:
-            self.marker.record_first_charge()
+            self.marker.record(self._releases, self.event_counts, self._spent)
         except (OSError, StateMarkerError) as error:
             log_event("state_marker_write_failed", level="warning", path=str(self.marker.path),
                       type=type(error).__name__)
 
     def _compose(self, client: str, event: SampledGaussianEvent) -> None:
+        self.event_counts[event_key(event.noise_multiplier, event.sample_rate)] += event.count
         self._total.compose(event)
         if client not in self._clients:
             self._clients[client] = build_accountant(self.privacy.accountant)

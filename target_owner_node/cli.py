@@ -3,7 +3,7 @@
 target-owner-node init DIR                 # config, certificates, held-out + test data
 target-owner-node serve --config DIR/config.toml
 target-owner-node audit verify --config DIR/config.toml
-target-owner-node ledger verify|rebuild --config DIR/config.toml
+target-owner-node ledger verify|rebuild|carry-forward --config DIR/config.toml
 target-owner-node launch --heldout F --port P --workdir DIR --ca F --cert F --key F   # for the suite
 """
 
@@ -33,6 +33,9 @@ Typical first run:
 If the privacy ledger is lost, the node refuses to start; rebuild it from the audit log:
   target-owner-node ledger verify  --config mynode/config.toml
   target-owner-node ledger rebuild --config mynode/config.toml
+If storage.dir was restored from an older backup, the node refuses to start (the state marker outside
+it has seen more charges); charge the lost releases again, audited, and start:
+  target-owner-node ledger carry-forward --config mynode/config.toml --reason "restored from backup"
 """
 
 LAUNCH_DESCRIPTION = """Serve one held-out file on one port, in the foreground, exactly like `serve`: the owner's
@@ -160,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rebuild although a ledger exists: the old one is renamed aside (never deleted)",
     )
+
+    carry = ledger_commands.add_parser(
+        "carry-forward",
+        help="after restoring storage.dir from a backup: charge the releases it lacks again (stop the node first)",
+        description="A backup of storage.dir is older than the releases made since it was taken; started as it is, "
+        "the node would count less spend than it released, so it refuses (the state marker outside storage.dir "
+        "keeps the high-water mark of every charge). This charges every DP event the marker counted beyond the "
+        "ledger again (ledger entries marked recovered, with their audit entries), then audits one "
+        "'spend_carried_forward' entry with the counts, the epsilon before and after, and --reason. The lost "
+        "releases' clients and values cannot be restored (a retry of their request_id is a new release). The "
+        "ledger and the audit log must agree first (ledger verify). Stop the node first.",
+    )
+    carry.add_argument("--config", type=Path, required=True, help="the node's config.toml")
+    carry.add_argument("--reason", required=True, help="why storage.dir was restored (written to the audit log)")
 
     launch = commands.add_parser(
         "launch",
@@ -326,6 +343,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         audit = AuditLog(audit_path(config))  # verifies the chain
+        if args.ledger_command == "carry-forward":
+            from target_owner_node.carry_forward import carry_forward
+
+            carried = carry_forward(config, Ledger(ledger_path(config)), audit, args.reason)
+            print(f"carried {carried.carried} releases forward: epsilon {carried.epsilon_before:.4f} -> "
+                  f"{carried.epsilon_after:.4f} (the state marker's high-water mark: {carried.high_water_epsilon:.4f})"
+                  if carried.carried else "nothing to carry forward: the ledger holds every charge the marker saw")
         if args.ledger_command == "rebuild":
             result = rebuild_ledger(ledger_path(config), audit, force=args.force)
             if result.moved_aside is not None:
@@ -335,7 +359,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
                 f"completed (a retry replays their values), {result.unfinished} unfinished (a retry is refused)"
             )
         consistency = check_consistency(Ledger(ledger_path(config)), audit.path)
-    except (ConfigError, AuditChainError, LedgerCorruptError, AuditRecordError, FileExistsError) as error:
+    except (ConfigError, AuditChainError, LedgerCorruptError, AuditRecordError, FileExistsError, ValueError) as error:
         return _fail(str(error))
     print(("OK " if consistency.ok else "FAILED: ") + consistency.describe())
     if not consistency.ok:

@@ -13,6 +13,7 @@ or read from the storage folder's calibration cache when those targets match (no
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,13 @@ from target_owner_node.ledger_audit import (
 from target_owner_node.logs import log_event
 from target_owner_node.noise_cache import cached_noise_multiplier, cached_rows_per_query
 from target_owner_node.release import ReleaseService
-from target_owner_node.state_marker import StateMarker, StateMarkerError, refuse_if_storage_lost
+from target_owner_node.state_marker import (
+    StateMarker,
+    StateMarkerError,
+    event_key,
+    refuse_if_rolled_back,
+    refuse_if_storage_lost,
+)
 from target_owner_node.worker import WorkerSpec
 
 AUDIT_FILE = "audit.jsonl"
@@ -143,10 +150,11 @@ def open_node(
             refuse_if_storage_lost(
                 marker, ledger.path, audit.path, consistency.ledger_charges + consistency.audit_charges
             )
+            refuse_if_rolled_back(marker, ledger.path, len(ledger.releases()), ledger_event_counts(ledger),
+                                  str(config.config_path or "CONFIG"))
         except StateMarkerError as error:
             raise NodeStartupError(str(error)) from None
-        charges = ledger.releases()
-        usable_marker = _usable_marker(config, marker, charges[0].pending.time if charges else None)
+        usable_marker = _usable_marker(config, marker)
         z = cached_noise_multiplier(  # noise_cache.py: a restart with the same targets skips calibration
             config.storage.dir,
             privacy.epsilon_budget,
@@ -156,7 +164,10 @@ def open_node(
             privacy.accountant,
             calibrate=derived_noise_multiplier,
         )
-        budget = PrivacyBudget(privacy, z, ledger, audit, usable_marker)
+        try:
+            budget = PrivacyBudget(privacy, z, ledger, audit, usable_marker)
+        except StateMarkerError as error:
+            raise NodeStartupError(str(error)) from None
     if scorer is None:
         sizes = {"feedback": facts.heldout_size, "test": facts.test_size}
         scorer = WorkerScorer(worker_spec(config), config.evaluation.timeout_s, sizes)
@@ -199,22 +210,26 @@ def _check_ledger_against_audit(config: OwnerConfig, ledger: Ledger, audit: Audi
     return consistency
 
 
-def _usable_marker(config: OwnerConfig, marker: StateMarker, first_charge: float | None) -> StateMarker | None:
-    """The marker if it can be written. A folder that has spent (`first_charge`, from the ledger)
-    is recorded now, so storage folders charged before markers existed are covered too."""
+def _usable_marker(config: OwnerConfig, marker: StateMarker) -> StateMarker | None:
+    """The marker if it can be written (PrivacyBudget records the ledger's mark in it at once, so storage
+    folders charged before marks existed are covered too)."""
     if not marker.writable():
         message = (
             f"the state marker {marker.path} cannot be written (its folder is missing or read-only); without it, "
-            f"losing the whole storage folder {config.storage.dir} would go unnoticed and restart the budget. Set "
-            f"storage.state_marker to a writable path outside storage.dir"
+            f"losing the whole storage folder {config.storage.dir}, or rolling it back to an older copy, would go "
+            f"unnoticed and undercount the spend. Set storage.state_marker to a writable path outside storage.dir"
         )
         if config.storage.state_marker_explicit:
             raise NodeStartupError(message + ".")
         log_event("state_marker_unavailable", level="warning", message=message)
         return None
-    if first_charge is not None:
-        try:
-            marker.record_first_charge(first_charge)
-        except StateMarkerError as error:
-            raise NodeStartupError(str(error)) from None
     return marker
+
+
+def ledger_event_counts(ledger: Ledger) -> Counter:
+    """state_marker.event_key -> count over the ledger's charges (what a high-water mark is compared with)."""
+    counts: Counter = Counter()
+    for release in ledger.releases():
+        event = release.pending.event
+        counts[event_key(event.noise_multiplier, event.sample_rate)] += event.count
+    return counts

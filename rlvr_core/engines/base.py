@@ -7,6 +7,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+MAX_CHARS_PER_TOKEN = 8
+"""The public character budget of a text an engine tokenizes: a prompt kept to its last
+MAX_CHARS_PER_TOKEN x (tokens it may keep) characters before tokenizing (its end, which
+left-truncation keeps), a completion to its first MAX_CHARS_PER_TOKEN x completion tokens. So the
+work of tokenizing one row is bounded by public numbers whatever the row holds, together with the
+bound on an uploaded normalizer's expansion (protocol/tokenizer_rules.py, issue 41). Ordinary text
+runs 3-5 characters a token, so only a prompt far longer than its kept tokens is cut differently."""
+
+
+def prompt_budget(text: str, room: int) -> str:
+    """`text` cut to its last MAX_CHARS_PER_TOKEN * room characters (the part tokenizing may keep)."""
+    return text[-MAX_CHARS_PER_TOKEN * room :] if len(text) > MAX_CHARS_PER_TOKEN * room else text
+
+
+def completion_budget(text: str, tokens: int) -> str:
+    """`text` cut to its first MAX_CHARS_PER_TOKEN * tokens characters."""
+    return text[: MAX_CHARS_PER_TOKEN * tokens]
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -7,7 +7,8 @@ num_samples, params), and evaluating two checkpoints with one seed is a paired c
 
 How prompts are encoded: one at a time, without special tokens, left-truncated (the end,
 where the question and "Answer:" are, is kept) to `max_position_embeddings - max_new_tokens`
-tokens, or to `shape.prompt_tokens` with a FixedShape. A prompt that tokenizes to nothing,
+tokens, or to `shape.prompt_tokens` with a FixedShape; the text is first cut to its last
+MAX_CHARS_PER_TOKEN characters per kept token (engines/base.py), a public bound on the work. A prompt that tokenizes to nothing,
 makes the tokenizer fail, or yields an id outside the embedding is not an error: it gets
 placeholder generations (Generation.encoded is False) and, with a FixedShape, still occupies
 a slot (a dummy row), so the work done does not depend on it.
@@ -41,7 +42,15 @@ from pydantic import Field
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr_core.configuration import OptionsSection
-from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams, context_length
+from rlvr_core.engines.base import (
+    FixedShape,
+    Generation,
+    GenerationEngine,
+    SamplingParams,
+    completion_budget,
+    context_length,
+    prompt_budget,
+)
 from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_uniforms, select_tokens, validate_params
 from rlvr_core.models.threads import torch_threads
@@ -174,7 +183,8 @@ class TransformersEngine(GenerationEngine):
         out: list[tuple[int, ...]] = []
         for text in texts:
             try:
-                ids = [int(token) for token in self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]]
+                ids = [int(token) for token in self.tokenizer(completion_budget(text, completion_tokens),
+                                                              add_special_tokens=False, verbose=False)["input_ids"]]
             except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
                 out.append(())
                 continue
@@ -280,7 +290,7 @@ class TransformersEngine(GenerationEngine):
     def _encode(self, prompt: str, room: int) -> tuple[int, ...]:
         """The kept ids of one prompt, or () when it cannot be encoded (never raises)."""
         try:
-            ids = self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+            ids = self.tokenizer(prompt_budget(prompt, room), add_special_tokens=False, verbose=False)["input_ids"]
             ids = [int(token) for token in ids]
         except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
             return ()

@@ -63,7 +63,7 @@ import torch
 from pydantic import Field, field_validator
 
 from rlvr_core.configuration import OptionsSection
-from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams
+from rlvr_core.engines.base import FixedShape, Generation, GenerationEngine, SamplingParams, prompt_budget
 from rlvr_core.engines.registry import ENGINES
 from rlvr_core.engines.sampling import resolve_row_keys, row_seed, validate_params
 from rlvr_core.engines.transformers_engine import max_positions
@@ -201,7 +201,8 @@ class VLLMEngine(GenerationEngine):
     def _encode(self, prompt: str, room: int) -> tuple[int, ...]:
         """The kept ids of one prompt, or () when it cannot be encoded (never raises)."""
         try:
-            ids = [int(token) for token in self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]]
+            ids = [int(token) for token in self.tokenizer(prompt_budget(prompt, room), add_special_tokens=False,
+                                                          verbose=False)["input_ids"]]
         except Exception:  # noqa: BLE001 - an untrusted tokenizer's failure is confined to its row
             return ()
         if not all(0 <= token < self.vocab_rows for token in ids):

@@ -563,3 +563,63 @@ def test_what_passes_loads_in_transformers_without_new_ids(tmp_path, tokenizer, 
     loaded = PreTrainedTokenizerFast.from_pretrained(str(tmp_path), local_files_only=True)
     assert len(loaded) == ROWS and max(loaded.get_vocab().values()) == ROWS - 1
     assert loaded.pad_token_id == ROWS - 1 and loaded.eos_token_id == 0
+
+
+# -- issue 41: a normalizer that makes exactly the prompts holding a guessed string costly ----------------
+
+def _amplifier(secret: str, steps: int) -> dict:
+    """The attack: the guessed string becomes a control character, then each step multiplies it 16x."""
+    return {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": secret}, "content": "\u0001"},
+        *[{"type": "Replace", "pattern": {"String": "\u0001"}, "content": "\u0001" * 16} for _ in range(steps)],
+    ]}
+
+
+@pytest.mark.parametrize("steps", [2, 5])
+def test_a_normalizer_that_multiplies_a_guessed_string_is_refused(tokenizer, steps) -> None:
+    tokenizer["normalizer"] = _amplifier("zqj-secret", steps)
+    message = _refused("can lengthen a text", tokenizer)
+    assert "zqj-secret" not in message  # the refusal names the bound, never the pattern
+
+
+def test_unicode_normalizations_that_re_expand_a_replacement_are_refused(tokenizer) -> None:
+    """Each step alone is ordinary; NFKD turns U+FDFA into 18 characters, and a 1-to-1 Replace can make
+    U+FDFA again: chained, the product of their factors is what counts."""
+    tokenizer["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "NFKD"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\ufdfa"}, {"type": "NFKD"},
+    ]}
+    _refused("can lengthen a text 324-fold", tokenizer)
+
+
+@pytest.mark.parametrize("normalizer", [
+    {"type": "NFKC"},
+    {"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}]},
+    {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]},
+    {"type": "Replace", "pattern": {"String": "``"}, "content": "\""},
+])
+def test_the_usual_normalizers_stay_within_the_bound(tokenizer, normalizer) -> None:
+    from protocol.tokenizer_rules import MAX_NORMALIZER_EXPANSION, normalizer_expansion
+
+    tokenizer["normalizer"] = normalizer
+    assert normalizer_expansion(normalizer) <= MAX_NORMALIZER_EXPANSION
+    _check(tokenizer)
+
+
+def test_the_library_probe_refuses_what_the_static_bound_would_miss(tokenizer, monkeypatch) -> None:
+    """The second line: the tokenizers library itself normalizes public probe texts built from the
+    tokenizer's own strings; growth past the bound is refused even if the static analysis were wrong."""
+    from protocol import tokenizer_rules
+
+    monkeypatch.setattr(tokenizer_rules, "normalizer_expansion", lambda normalizer: 1.0)  # a wrong analysis
+    tokenizer["normalizer"] = _amplifier("zqj-secret", 3)
+    _refused("grows a public probe text", tokenizer)
+
+
+def test_the_character_budget_bounds_what_an_engine_tokenizes() -> None:
+    from rlvr_core.engines.base import MAX_CHARS_PER_TOKEN, completion_budget, prompt_budget
+
+    long = "x" * 10_000 + "What is 2 + 3?\nAnswer:"
+    kept = prompt_budget(long, 16)
+    assert len(kept) == MAX_CHARS_PER_TOKEN * 16 and kept.endswith("Answer:")
+    assert prompt_budget("short", 16) == "short"
+    assert completion_budget(" 12" * 1000, 4) == (" 12" * 1000)[: MAX_CHARS_PER_TOKEN * 4]

@@ -279,10 +279,10 @@ def test_marker_is_written_at_the_first_charge_outside_storage(owner):
 def test_a_failed_marker_write_does_not_fail_the_release(owner, monkeypatch):
     from target_owner_node.state_marker import StateMarker
 
-    def disk_full(self, when=None):
+    def disk_full(self, *args, **kwargs):
         raise OSError("no space left")
 
-    monkeypatch.setattr(StateMarker, "record_first_charge", disk_full)
+    monkeypatch.setattr(StateMarker, "record", disk_full)
     node = owner.open()
     cid = owner.upload(node)
     result = node.releases.evaluate("trainer", request([cid]))
@@ -395,3 +395,79 @@ def test_a_difference_release_survives_verify_and_rebuild_with_its_kind(owner, c
     assert reopened.budget.spent() == pytest.approx(spent)
     replay = reopened.releases.evaluate("trainer", EvaluateInputs((base, candidate), DECODING, FEEDBACK, "dd", spec))
     assert replay.values == released.values and len(replay.values) == 1
+
+
+# -- issue 41: the storage folder rolled back to an older, self-consistent copy ----------------------------------
+
+def _three_releases(owner) -> float:
+    node = owner.open()
+    cid = owner.upload(node)
+    for i in range(3):
+        node.releases.evaluate("trainer", request([cid], f"r{i}"))
+    spent = node.budget.spent()
+    node.close()
+    return spent
+
+
+def test_an_older_consistent_backup_is_refused_and_carried_forward_to_the_high_water_mark(owner, capsys):
+    """A copy of ledger + audit taken after 1 release, restored after 3: both agree with each other, so
+    only the marker's high-water mark can tell (old code started with a third of the spend)."""
+    import shutil
+
+    node = owner.open()
+    cid = owner.upload(node)
+    node.releases.evaluate("trainer", request([cid], "r0"))
+    node.close()
+    backup = owner.storage.parent / "backup"
+    shutil.copytree(owner.storage, backup)
+    node = owner.open()
+    for i in (1, 2):
+        node.releases.evaluate("trainer", request([cid], f"r{i}"))
+    spent = node.budget.spent()
+    node.close()
+    shutil.rmtree(owner.storage)
+    shutil.copytree(backup, owner.storage)
+    assert main(["ledger", "verify", "--config", str(owner.config_path)]) == 0  # the pair is consistent
+    capsys.readouterr()
+    with pytest.raises(NodeStartupError) as caught:
+        owner.open()
+    message = str(caught.value)
+    assert "records 1 releases" in message and "charge 3" in message and "carry-forward" in message
+    assert main(["ledger", "carry-forward", "--config", str(owner.config_path), "--reason", "restored"]) == 0
+    assert "carried 2 releases forward" in capsys.readouterr().out
+    node = owner.open()
+    assert node.budget.spent() == pytest.approx(spent) and node.budget.releases_made == 3
+    (entry,) = [e for e in read_jsonl(owner.audit) if e["event"] == "spend_carried_forward"]
+    assert entry["releases"] == 2 and entry["reason"] == "restored"
+    node.close()
+    assert main(["ledger", "carry-forward", "--config", str(owner.config_path), "--reason", "again"]) == 0
+    assert "nothing to carry forward" in capsys.readouterr().out
+    assert main(["ledger", "verify", "--config", str(owner.config_path)]) == 0
+
+
+def test_both_files_cut_to_a_consistent_prefix_are_refused(owner):
+    spent = _three_releases(owner)
+    ledger_lines = owner.ledger.read_text().splitlines(keepends=True)
+    audit_lines = owner.audit.read_text().splitlines(keepends=True)
+    first_charge = next(i for i, line in enumerate(audit_lines) if CHARGE_EVENT in line)
+    # keep one complete release in each: its pending + completed, and the audit up to its release entry
+    owner.ledger.write_text("".join(ledger_lines[:2]))
+    release_entry = next(i for i, line in enumerate(audit_lines) if i > first_charge and '"event":"release"' in line)
+    owner.audit.write_text("".join(audit_lines[: release_entry + 1]))
+    with pytest.raises(NodeStartupError, match="missing: the folder was restored from an older backup or cut short"):
+        owner.open()
+    assert spent > 0
+
+
+def test_a_format_1_marker_is_read_and_upgraded(owner):
+    """Markers written before high-water marks hold only the first charge time: read as a mark of 0 releases."""
+    _three_releases(owner)
+    state = json.loads(owner.marker.read_text())
+    key = next(iter(state["storage"]))
+    owner.marker.write_text(json.dumps({"format": "target-owner-node-state/1",
+                                        "storage": {key: {"first_charge_time": 1.0}}}))
+    node = owner.open()  # starts, and records the ledger's mark
+    node.close()
+    upgraded = json.loads(owner.marker.read_text())
+    assert upgraded["format"] == "target-owner-node-state/2" and upgraded["storage"][key]["releases"] == 3
+    assert upgraded["storage"][key]["first_charge_time"] == 1.0
