@@ -380,11 +380,9 @@ class OwnerFeedback:
         decoding = pb.DecodingSettings()
         decoding.CopyFrom(self.decoding)
         decoding.seed = self.decoding.seed + step  # fresh seed per query, shared by candidates
-        if release.is_difference:  # the owner samples the live model's completions, or scores the reference
-            sampled = release.samples
-            decoding.samples_per_prompt = release.samples_per_prompt if sampled else 1
-            if sampled:
-                decoding.temperature = release.temperature
+        if release.is_difference:  # the owner samples the live model's completions, or scores the reference,
+            decoding.samples_per_prompt = release.samples_per_prompt if release.samples else 1
+            decoding.temperature = release.temperature  # at the release's temperature either way
         return decoding
 
     def _upload_all(self, states: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:

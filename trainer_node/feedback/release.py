@@ -55,8 +55,8 @@ class ReleaseOptions(Section):
     )
     temperature: float = Field(
         default=1.0, gt=0,
-        description="difference, a metric that samples (importance, log_ratio): the temperature the owner samples "
-        "the live model's completions at.",
+        description="difference: the temperature the owner takes log-probabilities at (and samples the live "
+        "model's completions at, for importance and log_ratio). Lower is closer to greedy accuracy.",
     )
     samples_per_prompt: int = Field(
         default=4, ge=1,

@@ -71,6 +71,12 @@ class L2rrOptions(PolicyOptions):
         default=True, description='false: the "w/o ws" ablation (lambda = 0 everywhere).'
     )
     rollout_allocation: bool = Field(default=True, description="false: every prompt gets n rollouts.")
+    waste_in_q: bool = Field(
+        default=True,
+        description="Apply the waste term -lambda * (cluster waste - mean) in q's update too (the paper's outer "
+        "objective). false keeps it inside clusters only (draws and selection): docs/L2RR.md 4.3 says when the "
+        "cluster-level term steers q away from a skill whose groups are often all-correct.",
+    )
     learn_q: bool = Field(default=True, description='false: the "uniform q" ablation (no feedback queries).')
     oversample: float = Field(
         default=1.5, ge=1, description="Candidates per batch slot (the paper: 384 for B = 256)."
@@ -393,7 +399,8 @@ class L2rrPolicy(DataPolicy):
             np.clip(grad / scale, -self.options.grad_clip, self.options.grad_clip) if scale > 0 else grad * 0
         )
         cluster_waste = self.history.index.cluster_waste()
-        penalty = self.options.effective_lambda * (cluster_waste - cluster_waste.mean())
+        weight = self.options.effective_lambda if self.options.waste_in_q else 0.0
+        penalty = weight * (cluster_waste - cluster_waste.mean())
         self.logits = self.logits + self.options.eta_q * estimate.gain * (normalised - penalty)
         self.logits -= self.logits.mean()
 
