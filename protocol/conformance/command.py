@@ -26,7 +26,8 @@ of another CA is refused at start; the certificate checks also prove with a vali
 certificate that the server accepts that CA before counting any refusal.
 
 Checks that need an owner on the suite's OWN data (marker rows, one row added or removed,
-timing against the secret subsample, deleting the ledger) run only with --launch-cmd, on
+timing against the secret subsample, deleting the ledger, difference releases whose exact
+values or noise the suite knows) run only with --launch-cmd, on
 owners the suite starts and stops itself beside the server under test; without it they SKIP.
 The template is a shell command serving one owner in the foreground until SIGTERM, reporting
 SERVING on grpc.health.v1. Placeholders (filled and shell-quoted by the suite):
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuzz-examples", type=int, default=60, metavar="N", help="fuzzed requests per RPC (default 60)")
     parser.add_argument("--launch-cmd", metavar="TEMPLATE",
                         help="shell command template that starts an owner on the suite's data (see above); enables "
-                             "the status, add-one-row, latency and ledger-deletion checks")
+                             "the status, add-one-row, latency, ledger-deletion and difference-release privacy checks")
     parser.add_argument("--ledger-path", metavar="TEMPLATE",
                         help="the launched owner's ledger file, with {workdir} (enables the ledger-deletion check)")
     parser.add_argument("--launch-timeout", type=float, default=180.0, metavar="S",
@@ -81,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluations of the status-independence check (default 8)")
     parser.add_argument("--latency-calls", type=int, default=60, metavar="K",
                         help="timed releases of the latency check (default 60, at least 10)")
+    parser.add_argument("--difference-noise-releases", type=int, default=32, metavar="K",
+                        help="difference releases of the check that their noise is calibrated to the clip "
+                             "(default 32, at least 10)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
 
 
@@ -96,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
     from protocol.conformance.runner import format_row
 
     if args.list:
+        width = max(42, *(len(c.id) for c in all_checks()))
         for c in all_checks():
-            print(f"{c.id:<42} {c.title}")
+            print(f"{c.id:<{width}} {c.title}")
         return 0
     missing = [flag for flag, value in (("--target", args.target), ("--ca", args.ca), ("--cert", args.cert),
                                         ("--key", args.key)) if not value]
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint_dir=args.checkpoint, noise_releases=args.noise_releases, concurrency=args.concurrency,
             fuzz_examples=args.fuzz_examples, launch_cmd=args.launch_cmd, ledger_path=args.ledger_path,
             launch_timeout_s=args.launch_timeout, status_calls=args.status_calls, latency_calls=args.latency_calls,
+            difference_noise_releases=args.difference_noise_releases,
         )
         from protocol.conformance.registry import select_checks
 

@@ -12,6 +12,9 @@ owner does with prompts - truncation, padding, batching - can change a single lo
   row's score over k samples is Binomial(k, 1/2) / k, random but reproducible per seed).
 - `constant_checkpoint`: greedy decoding always emits one token (the timing checks: every
   row whose answer is that token scores 1, every other row 0).
+- `fixed_distribution_files` with token ids as keys (e.g. `EOS_ID`): a model whose probability
+  of a whole completion is the product of its tokens' probabilities, which the difference
+  checks compute exactly (`completion_probability`, on `completion_ids` of the suite's tokenizer).
 
 Written with numpy + safetensors only (no torch at suite start-up, like checkpoints.py); the
 tokenizer is the suite's own byte-level BPE, whose digits are single tokens.
@@ -36,30 +39,53 @@ HEADS = 2
 OFF_LOGIT = -1000.0
 
 
+def _vocab() -> dict[str, int]:
+    return json.loads(suite_tokenizer_files()["tokenizer.json"])["model"]["vocab"]
+
+
 def token_ids(texts: list[str]) -> dict[str, int]:
     """Ids of single-token texts in the suite's tokenizer (e.g. digits)."""
-    vocab = json.loads(suite_tokenizer_files()["tokenizer.json"])["model"]["vocab"]
+    vocab = _vocab()
     missing = [t for t in texts if t not in vocab]
     if missing:
         raise ValueError(f"not single tokens of the suite's tokenizer: {missing}")
     return {t: int(vocab[t]) for t in texts}
 
 
-def fixed_distribution_files(probabilities: dict[str, float], n_positions: int,
+EOS_ID = 0
+"""The id of EOS_TOKEN in the suite's tokenizer (its first special token; the checkpoints' eos_token_id)."""
+
+
+def completion_ids(text: str) -> list[int]:
+    """A completion as an owner teacher-forces it: `text` by the suite's tokenizer, no special
+    tokens, then EOS (what an owner appends to a reference answer; cut to max_new_tokens by the caller)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(suite_tokenizer_files()["tokenizer.json"].decode("utf-8"))
+    return [*tokenizer.encode(text, add_special_tokens=False).ids, EOS_ID]
+
+
+def completion_probability(distribution: dict[int, float], ids: list[int]) -> float:
+    """The probability of the completion `ids` under a fixed-distribution model (token id -> p, the
+    same at every position): the product of its tokens' probabilities, 0 if one is outside it."""
+    return float(np.prod([distribution.get(token, 0.0) for token in ids]))
+
+
+def fixed_distribution_files(probabilities: dict[str | int, float], n_positions: int,
                              hidden: int = HIDDEN) -> list[CheckpointFile]:
-    """A GPT-2 checkpoint whose next token is drawn from `probabilities` (token text -> p) at
-    every position; `n_positions` is its context (prompt + completion). A larger `hidden` costs
-    more compute per token (the weights are zeros either way) and changes no output."""
+    """A GPT-2 checkpoint whose next token is drawn from `probabilities` (token text or token id
+    -> p) at every position; `n_positions` is its context (prompt + completion). A larger `hidden`
+    costs more compute per token (the weights are zeros either way) and changes no output."""
     if not probabilities or any(p <= 0 for p in probabilities.values()):
         raise ValueError("probabilities must name at least one token, each with p > 0")
     tokenizer = suite_tokenizer_files()
     vocab_size = len(json.loads(tokenizer["tokenizer.json"])["model"]["vocab"])
-    ids = token_ids(list(probabilities))
+    ids = _ids_of(list(probabilities), vocab_size)
     wte = np.zeros((vocab_size, hidden), np.float32)
     wte[:, 0] = OFF_LOGIT
     total = sum(probabilities.values())
-    for text, p in probabilities.items():
-        wte[ids[text], 0] = np.log(p / total)
+    for token, p in probabilities.items():
+        wte[ids[token], 0] = np.log(p / total)
     # Columns 1.. only feed the (zeroed) blocks; a little structure keeps LayerNorm inputs non-constant.
     wte[:, 1:] = np.random.default_rng(0).standard_normal((vocab_size, hidden - 1)).astype(np.float32) * 0.02
     final_bias = np.zeros(hidden, np.float32)
@@ -92,6 +118,15 @@ def fixed_distribution_files(probabilities: dict[str, float], n_positions: int,
         "tokenizer_config.json": json.dumps(tokenizer_config, indent=2).encode("utf-8"),
     }
     return [CheckpointFile(name, data) for name, data in sorted(files.items())]
+
+
+def _ids_of(tokens: list[str | int], vocab_size: int) -> dict[str | int, int]:
+    """Token id of each key: a text is looked up (it must be one token), an id must be in the vocabulary."""
+    outside = [t for t in tokens if isinstance(t, int) and not 0 <= t < vocab_size]
+    if outside:
+        raise ValueError(f"token ids outside the suite's vocabulary of {vocab_size}: {outside}")
+    texts = token_ids([t for t in tokens if isinstance(t, str)])
+    return {t: texts[t] if isinstance(t, str) else t for t in tokens}
 
 
 def coin_checkpoint(heads: str, tails: str, n_positions: int) -> list[CheckpointFile]:

@@ -246,6 +246,14 @@ class LaunchedOwner:
                                      request_id=uuid.uuid4().hex)
         return self._stub().Evaluate(request, timeout=EVALUATE_DEADLINE_S)
 
+    def evaluate_difference(self, checkpoint_ids: list[str], decoding: pb.DecodingSettings, metric: str,
+                            clip: float) -> pb.EvaluateResponse:
+        """One RELEASE_KIND_ACCURACY_DIFFERENCE release of checkpoint_ids[1:] against checkpoint_ids[0]."""
+        request = pb.EvaluateRequest(checkpoint_ids=checkpoint_ids, decoding=decoding, split=pb.SPLIT_FEEDBACK,
+                                     request_id=uuid.uuid4().hex, kind=pb.RELEASE_KIND_ACCURACY_DIFFERENCE,
+                                     difference=pb.DifferenceRequest(metric=metric, clip=clip))
+        return self._stub().Evaluate(request, timeout=EVALUATE_DEADLINE_S)
+
     def _stub(self):
         if self.connection is None:
             raise LaunchError("the launched owner is not serving (start_serving() first)")

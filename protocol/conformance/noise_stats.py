@@ -66,3 +66,12 @@ def bounds(sigma: float, sample_rate: float, heldout_size: int, releases: int, a
         lower_std_threshold(sigma, releases, alpha),
         upper_std_threshold(sigma, sample_rate, heldout_size, releases, alpha),
     )
+
+
+def known_mean_variance_interval(releases: int, alpha: float) -> tuple[float, float]:
+    """Two-sided (1 - alpha) interval of mean(x^2) / sigma^2 for `releases` draws of N(0, sigma^2):
+    sum(x^2) / sigma^2 ~ chi^2 with `releases` degrees of freedom (the mean is known to be 0, so no
+    degree is spent estimating it). A value outside it has probability alpha under the declared sigma."""
+    lower = stats.chi2.ppf(alpha / 2, releases) / releases
+    upper = stats.chi2.ppf(1.0 - alpha / 2, releases) / releases
+    return float(lower), float(upper)

@@ -11,6 +11,7 @@ from pathlib import Path
 from protocol.conformance.launcher import LaunchTemplate, LedgerPathTemplate
 
 MIN_LATENCY_CALLS = 10
+MIN_DIFFERENCE_NOISE_RELEASES = 10
 
 
 @dataclass
@@ -54,6 +55,7 @@ class SuiteOptions:
     launch_timeout_s: float = 180.0               # how long a launched owner may take to report SERVING
     status_calls: int = 8                         # evaluations of the status-independence check
     latency_calls: int = 60                       # K timed releases of the latency check
+    difference_noise_releases: int = 32           # K releases of the difference-noise check (launched owner)
 
     def __post_init__(self) -> None:
         for name in ("noise_releases", "concurrency", "fuzz_examples", "max_exhaust_releases", "max_new_tokens",
@@ -67,6 +69,9 @@ class SuiteOptions:
         if self.latency_calls < MIN_LATENCY_CALLS:
             raise ValueError(f"SuiteOptions.latency_calls must be >= {MIN_LATENCY_CALLS} for a correlation test, "
                              f"got {self.latency_calls}")
+        if self.difference_noise_releases < MIN_DIFFERENCE_NOISE_RELEASES:
+            raise ValueError(f"SuiteOptions.difference_noise_releases must be >= {MIN_DIFFERENCE_NOISE_RELEASES} for "
+                             f"a variance test, got {self.difference_noise_releases}")
         if self.launch_cmd is not None:
             LaunchTemplate(self.launch_cmd)       # raises ValueError naming the flag and placeholder
         if self.ledger_path is not None:

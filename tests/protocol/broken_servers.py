@@ -32,6 +32,10 @@ class ZeroScorer:
     def score(self, split, checkpoints, indices, decoding) -> np.ndarray:
         return np.zeros((len(checkpoints), len(indices)))
 
+    def differences(self, split, checkpoints, indices, decoding, metric, clip) -> np.ndarray:
+        """Every candidate's rows differ from the base by 0 (difference releases)."""
+        return np.zeros((len(checkpoints) - 1, len(indices)))
+
     def close(self) -> None:
         pass
 
@@ -198,6 +202,136 @@ def without_delta_support(monkeypatch) -> None:
 
     monkeypatch.setattr(server, "info_response", without)
     monkeypatch.setattr(validation, "validate_adapter", refuse)
+
+
+# -- difference releases (RELEASE_KIND_ACCURACY_DIFFERENCE) -----------------------------------------
+def serves_undeclared_differences(monkeypatch) -> None:
+    """GetInfo declares accuracy releases only, but difference requests are still evaluated (and charged)."""
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from target_owner_node import server
+
+    original = server.info_response
+
+    def accuracy_only(node, request=None):
+        info = original(node, request)
+        info.ClearField("release_kinds")
+        info.release_kinds.append(pb.RELEASE_KIND_ACCURACY)
+        info.ClearField("difference_support")
+        return info
+
+    monkeypatch.setattr(server, "info_response", accuracy_only)
+
+
+def _bad_clip(release, max_clip: float) -> bool:
+    return release.is_difference and not (np.isfinite(release.clip) and 0 < release.clip <= max_clip)
+
+
+def charges_before_clip_check(monkeypatch, max_clip: float) -> None:
+    """A bad difference.clip passes request validation (checked on a copy with a valid clip, the real one put
+    back), and the release refuses it only after the charge (charged at the valid clip): INVALID_ARGUMENT, with
+    the budget spent."""
+    import dataclasses
+
+    from protocol import errors
+    from protocol.errors import invalid
+    from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
+    from target_owner_node import server
+    from target_owner_node.release import ReleaseService
+
+    original_parse, original_charge = server.parse_evaluate_request, ReleaseService._charge
+
+    def parse(request, *args, **kwargs):
+        masked = pb.EvaluateRequest()
+        masked.CopyFrom(request)
+        if masked.HasField("difference"):
+            masked.difference.clip = max_clip
+        inputs = original_parse(masked, *args, **kwargs)
+        if not inputs.release.is_difference:
+            return inputs
+        return dataclasses.replace(inputs, release=dataclasses.replace(inputs.release, clip=request.difference.clip))
+
+    def charge(self, client, request):
+        if not _bad_clip(request.release, max_clip):
+            return original_charge(self, client, request)
+        valid = dataclasses.replace(request, release=dataclasses.replace(request.release, clip=max_clip))
+        original_charge(self, client, valid)
+        raise invalid(errors.DECODING_OUT_OF_LIMITS, f"difference.clip: must be in (0, {max_clip:g}]")
+
+    monkeypatch.setattr(server, "parse_evaluate_request", parse)
+    monkeypatch.setattr(ReleaseService, "_charge", charge)
+
+
+def unscaled_difference_noise_std(monkeypatch) -> None:
+    """A difference release adds noise calibrated to its clip but reports the accuracy noise std (not x clip)."""
+    from target_owner_node import server
+
+    original = server.evaluate_response
+
+    def response(result):
+        out = original(result)
+        if result.release.is_difference:
+            out.privacy.noise_std = result.noise_std / result.release.clip
+        return out
+
+    monkeypatch.setattr(server, "evaluate_response", response)
+
+
+UNCLIPPED = 1e9  # a "clip" no row difference reaches
+
+
+def unclipped_differences() -> None:
+    """(launched) Row differences are never clipped: the worker, the WorkerScorer and the release's own bound
+    are all handed a clip no value reaches, and the DP replay clips at it too; the request's clip still sets the
+    noise and the response."""
+    import dataclasses
+
+    from target_owner_node import release
+    from target_owner_node.release import ReleaseService
+
+    original_score, original_replay = ReleaseService._score, release.replay_difference_release
+
+    def score(self, split, checkpoint_ids, indices, decoding, release_spec=release.ACCURACY_RELEASE):
+        if release_spec.is_difference:
+            release_spec = dataclasses.replace(release_spec, clip=UNCLIPPED)
+        return original_score(self, split, checkpoint_ids, indices, decoding, release_spec)
+
+    ReleaseService._score = score
+    release.replay_difference_release = lambda differences, expected_size, noise_draws, clip: original_replay(
+        differences, expected_size, noise_draws, UNCLIPPED)
+
+
+class _NoiseMultiplierOverClip:
+    """A PrivacyBudget whose noise_multiplier reads z / clip, so that noise of std "z x clip" is z: noise
+    calibrated to 1 whatever the clip. Everything else (the event, the charge) is the real budget's."""
+
+    def __init__(self, budget, clip: float) -> None:
+        self._budget, self._clip = budget, clip
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self._budget.noise_multiplier / self._clip
+
+    def __getattr__(self, name: str):
+        return getattr(self._budget, name)
+
+
+def noise_calibrated_to_one() -> None:
+    """(launched) A difference release's noise has std z on each sum (calibrated to 1, as for accuracy), not z x clip."""
+    from target_owner_node.release import ReleaseService
+
+    original = ReleaseService._charge
+
+    def charge(self, client, request):
+        if not request.release.is_difference:
+            return original(self, client, request)
+        real = self.budget
+        self.budget = _NoiseMultiplierOverClip(real, request.release.clip)
+        try:
+            return original(self, client, request)
+        finally:
+            self.budget = real
+
+    ReleaseService._charge = charge
 
 
 def fast_exact_rdp(monkeypatch) -> None:
@@ -403,7 +537,8 @@ def worker_scorer(config: OwnerConfig, target: Callable | None = None):
 
 
 SLOW_PER_ROW_S = 0.030  # well above the 2-core machine's timing noise, so the aimed check never misses it
-LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger")
+LAUNCH_BREAKAGES = ("none", "accepts_any_tokenizer", "positional_randomness", "slow_per_row", "forgets_deleted_ledger",
+                    "unclipped_differences", "noise_calibrated_to_one")
 
 
 def launch_breakage(kind: str, config: OwnerConfig) -> dict:
@@ -420,6 +555,12 @@ def launch_breakage(kind: str, config: OwnerConfig) -> dict:
         return {"scorer": slow.wrap(worker_scorer(config)), "random_source": slow}
     if kind == "forgets_deleted_ledger":
         forget_deleted_ledger(config)
+        return {}
+    if kind == "unclipped_differences":
+        unclipped_differences()
+        return {}
+    if kind == "noise_calibrated_to_one":
+        noise_calibrated_to_one()
         return {}
     raise ValueError(f"unknown breakage {kind!r}; known: {', '.join(LAUNCH_BREAKAGES)}")
 

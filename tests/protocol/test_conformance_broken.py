@@ -33,10 +33,16 @@ TARGETED = {
     "unnamed_verifier": ("rpc.get_info.contract", "verifier_name is empty"),
     "accepts_any_adapter": ("upload.refuse.bad_adapter", "upload succeeded"),
     "hides_adapter_support": ("upload.refuse.bad_adapter", "upload succeeded"),
+    "serves_undeclared_differences": ("evaluate.difference.refused_when_not_served",
+                                      "does not list RELEASE_KIND_ACCURACY_DIFFERENCE: evaluated after charging"),
+    "charges_before_clip_check": ("evaluate.difference.refuse_bad_settings",
+                                  "difference.clip = 0: ended INVALID_ARGUMENT DECODING_OUT_OF_LIMITS after charging"),
+    "unscaled_difference_noise_std": ("evaluate.difference.noise_reported", "PrivacySpend.noise_std"),
 }
 # The aimed checks that pass against today's server (the rest wait for issue 11's fixes).
 PASSING_TODAY = ("leaky_errors", "no_noise", "forgets_budget", "no_client_cert", "accepts_pickle", "unnamed_verifier",
-                 "accepts_any_adapter", "hides_adapter_support")
+                 "accepts_any_adapter", "hides_adapter_support", "serves_undeclared_differences",
+                 "charges_before_clip_check", "unscaled_difference_noise_std")
 
 # launched breakage (conformance_harness.py launch --break KIND) -> (aimed check, words of its failure)
 LAUNCHED = {
@@ -45,6 +51,14 @@ LAUNCHED = {
     "slow_per_row": ("privacy.shape.latency_independent", "latency correlates"),
     "forgets_deleted_ledger": ("budget.ledger_deletion_detected", "reset the budget"),
 }
+# the same for difference releases (the positional worker breaks both add-one-row checks)
+LAUNCHED_DIFFERENCES = {
+    "unclipped_differences": ("privacy.difference.clip_honoured", "the rows were not clipped"),
+    "positional_randomness": ("privacy.difference.add_one_row", "moved the sum"),
+    "noise_calibrated_to_one": ("privacy.difference.noise_calibrated_to_clip", "as if calibrated to a clip of"),
+}
+LAUNCHED_CASES = [(kind, *aimed) for table in (LAUNCHED, LAUNCHED_DIFFERENCES) for kind, aimed in sorted(table.items())]
+LAUNCHED_CHECKS = sorted(check_id for _, check_id, _ in LAUNCHED_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +110,12 @@ def build(base: Path, tmp_path: Path, kind: str, monkeypatch) -> Case:
         broken.without_delta_support(monkeypatch)
     elif kind == "unnamed_verifier":
         broken.unnamed_verifier(monkeypatch)
+    elif kind == "serves_undeclared_differences":
+        broken.serves_undeclared_differences(monkeypatch)
+    elif kind == "charges_before_clip_check":
+        broken.charges_before_clip_check(monkeypatch, config.evaluation.max_difference_clip)
+    elif kind == "unscaled_difference_noise_std":
+        broken.unscaled_difference_noise_std(monkeypatch)
     elif kind != "control":
         raise ValueError(kind)
     return Case(server.start(), node)
@@ -155,7 +175,7 @@ def test_delta_checks_skip_on_a_server_that_does_not_advertise_them(base_node, t
 
 
 def test_launched_checks_skip_without_launch_cmd(base_node, tmp_path, monkeypatch):
-    aimed = sorted(check_id for check_id, _ in LAUNCHED.values())
+    aimed = LAUNCHED_CHECKS
     results = run_checks(build(base_node, tmp_path, "control", monkeypatch), aimed)
     assert {i: r.result for i, r in results.items()} == dict.fromkeys(aimed, "SKIP")
     assert all("--launch-cmd" in r.detail for r in results.values())
@@ -168,9 +188,9 @@ def run_launched(base_node: Path, tmp_path: Path, monkeypatch, launch_cmd: str, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(LAUNCHED))
-def test_suite_fails_the_launched_broken_owner_on_the_aimed_check(kind, base_node, tmp_path, monkeypatch):
-    check_id, words = LAUNCHED[kind]
+@pytest.mark.parametrize(("kind", "check_id", "words"), LAUNCHED_CASES, ids=[f"{k}-{c}" for k, c, _ in LAUNCHED_CASES])
+def test_suite_fails_the_launched_broken_owner_on_the_aimed_check(kind, check_id, words, base_node, tmp_path,
+                                                                  monkeypatch):
     result = run_launched(base_node, tmp_path, monkeypatch, harness.launch_command(kind), [check_id])[check_id]
     assert result.result == "FAIL", f"{kind}: {check_id} gave {result.result}: {result.detail}"
     assert words in result.detail, result.detail
@@ -180,6 +200,6 @@ def test_suite_fails_the_launched_broken_owner_on_the_aimed_check(kind, base_nod
 
 @pytest.mark.slow
 def test_launched_checks_pass_against_the_unbroken_owner(base_node, tmp_path, monkeypatch):
-    aimed = sorted(check_id for check_id, _ in LAUNCHED.values())
+    aimed = LAUNCHED_CHECKS
     _all_pass(run_launched(base_node, tmp_path, monkeypatch, harness.launch_command("none"), aimed), aimed)
 

@@ -3,6 +3,7 @@
 from protocol.conformance.checks import (  # noqa: F401
     budget,
     deltas,
+    differences,
     evaluate,
     fuzz,
     info,

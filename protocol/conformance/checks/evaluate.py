@@ -253,7 +253,7 @@ def _short_context_files(ctx: SuiteContext, positions: int) -> list:
     return edit_json(edit_json(files, "config.json", shorten), "tokenizer_config.json", shorten_tokenizer)
 
 
-def _charge(before: pb.GetBudgetResponse, after: pb.GetBudgetResponse) -> str:
+def charge_moved(before: pb.GetBudgetResponse, after: pb.GetBudgetResponse) -> str:
     """'' when nothing was charged, else how the budget moved."""
     if (after.epsilon_spent, after.releases_made) == (before.epsilon_spent, before.releases_made):
         return ""
@@ -271,10 +271,10 @@ def refused_before_charge(ctx: SuiteContext, what: str, request: pb.EvaluateRequ
     except grpc.RpcError as error:
         failure = describe_failure("Evaluate", error)
     else:
-        expect(allow_success, f"{what}: evaluated{_charge(before, ctx.budget())}; expected INVALID_ARGUMENT "
+        expect(allow_success, f"{what}: evaluated{charge_moved(before, ctx.budget())}; expected INVALID_ARGUMENT "
                               "before any charge")
         return "evaluated"
-    charged = _charge(before, ctx.budget())
+    charged = charge_moved(before, ctx.budget())
     expect(failure.code == INVALID and not charged and (reason is None or failure.reason == reason),
            f"{what}: ended {failure.code.name} {failure.reason or '(no ErrorInfo)'}{charged}; expected INVALID_ARGUMENT"
            f"{' / ' + reason if reason else ''} before any charge: the request can never be evaluated")

@@ -60,7 +60,7 @@ LATENCY_NEW_TOKENS = 8
 LATENCY_SETTINGS = {"sample_rate": 0.5, "epsilon": 50.0}
 
 
-def _require_dp(info: pb.GetInfoResponse, wanted: bool) -> None:
+def require_launched_dp(info: pb.GetInfoResponse, wanted: bool) -> None:
     if info.privacy.enabled != wanted:
         raise CheckSkipped(f"the launched owner runs with DP {'on' if info.privacy.enabled else 'off'} although the "
                            f"launch asked for {{dp}}={'true' if wanted else 'false'}: pass {{dp}} or "
@@ -95,7 +95,7 @@ def status_independent(ctx: SuiteContext) -> str:
                f"suite-launched owner")
     settings = LaunchSettings(dp=True, sample_rate=0.5, epsilon=8.0, planned_releases=calls + 10)
     with launcher.owner(rows, settings, launcher.new_workdir("status")).start_serving() as owner:
-        _require_dp(owner.info(), True)
+        require_launched_dp(owner.info(), True)
         files, token_id = with_added_token(with_nonce(tiny_checkpoint_files(0), uuid.uuid4().hex), marker)
         try:
             checkpoint_id = owner.upload(files)
@@ -145,7 +145,7 @@ def neighbouring_datasets() -> dict[str, list[HeldoutRow]]:
 def exact_releases(owner: LaunchedOwner, size: int) -> tuple[list[float], int]:
     """The exact accuracy of the coin checkpoint for every COIN_DECODINGS entry, and k."""
     info = owner.info()
-    _require_dp(info, False)
+    require_launched_dp(info, False)
     expect(info.heldout_size == size, f"the launched owner serves {info.heldout_size} rows; the suite gave it {size}")
     limits = info.decoding_limits
     samples = min(8, limits.max_samples_per_prompt)
@@ -231,7 +231,7 @@ def latency_independent(ctx: SuiteContext) -> str:
     # so the suite asks for LATENCY_NEW_TOKENS and SKIPs if the owner caps it lower.
     with launcher.owner(latency_rows(LATENCY_NEW_TOKENS), settings, workdir).start_serving() as owner:
         info = owner.info()
-        _require_dp(info, True)
+        require_launched_dp(info, True)
         limits = info.decoding_limits
         if limits.max_new_tokens < LATENCY_NEW_TOKENS:
             raise CheckSkipped(f"the launched owner allows max_new_tokens {limits.max_new_tokens} < {LATENCY_NEW_TOKENS}")
