@@ -57,7 +57,11 @@ LAUNCHED_DIFFERENCES = {
     "positional_randomness": ("privacy.difference.add_one_row", "moved the sum"),
     "noise_calibrated_to_one": ("privacy.difference.noise_calibrated_to_clip", "as if calibrated to a clip of"),
 }
-LAUNCHED_CASES = [(kind, *aimed) for table in (LAUNCHED, LAUNCHED_DIFFERENCES) for kind, aimed in sorted(table.items())]
+# an uploaded normalizer that multiplies a planted string (issue 41): the tokenizer-blind owner pays for it
+LAUNCHED_TOKENIZER_COST = {
+    "accepts_any_tokenizer": ("privacy.shape.cost_independent", "a row's cost depends on its content"),
+}
+LAUNCHED_CASES = [(kind, *aimed) for table in (LAUNCHED, LAUNCHED_DIFFERENCES, LAUNCHED_TOKENIZER_COST) for kind, aimed in sorted(table.items())]
 LAUNCHED_CHECKS = sorted(check_id for _, check_id, _ in LAUNCHED_CASES)
 
 

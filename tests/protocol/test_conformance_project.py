@@ -28,7 +28,7 @@ from tests.protocol import conformance_harness as harness
 LAUNCHED_CHECKS = ("privacy.shape.status_independent", "privacy.shape.add_one_row",
                    "privacy.shape.latency_independent", "budget.ledger_deletion_detected",
                    "privacy.difference.clip_honoured", "privacy.difference.add_one_row",
-                   "privacy.difference.noise_calibrated_to_clip")
+                   "privacy.difference.noise_calibrated_to_clip", "privacy.shape.cost_independent")
 OWNER_LAUNCH_CMD = ("{python} -m target_owner_node.cli launch --heldout {{heldout}} --port {{port}} "
                     "--workdir {{workdir}} --ca {{ca_cert}} --cert {{server_cert}} --key {{server_key}} {{owner_options}}")
 

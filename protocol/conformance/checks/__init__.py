@@ -12,5 +12,6 @@ from protocol.conformance.checks import (  # noqa: F401
     mtls,
     noise,
     shape,
+    tokenizer_cost,
     uploads,
 )
