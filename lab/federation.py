@@ -111,7 +111,7 @@ class FederatedSimulation(Simulation):
         names = [f"owner{i}" for i in range(fed.owners)]
         processes: dict[str, OwnerProcess] = {}
         try:
-            for name, spec in zip(names, specs, strict=True):
+            for index, (name, spec) in enumerate(zip(names, specs, strict=True)):
                 folder = owners_dir / name
                 folder.mkdir()
                 testbed = write_testbed(spec, owners_dir / f"{name}.testbed.toml")
@@ -120,7 +120,8 @@ class FederatedSimulation(Simulation):
                            max_prompt_tokens=prompt_width(setup.tokenizer, build_testbed_data(spec), setup.template),
                            feedback_verifier=cfg.simulated_owner.feedback_verifier)  # every owner's, alike
                 processes[name] = OwnerProcess(folder / "node", startup_timeout_s=fed.startup_timeout_s,
-                                                **cfg.simulated_owner.process_priority())
+                                                # each owner its own noise stream (independent noise, as real owners)
+                                                **cfg.simulated_owner.process_options(cfg.run.seed * 1009 + index))
                 processes[name].start()
             outcome = self._federate(setup, processes, specs)
         finally:

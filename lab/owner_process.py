@@ -135,16 +135,19 @@ def query_batch_size(heldout_size: int, sample_rate: float, dp: bool) -> int:
 class OwnerProcess:
     """`target-owner-node serve` on a free loopback port, as a context manager."""
 
-    def __init__(self, directory: Path, startup_timeout_s: float = 120.0, nice: int = 0, idle: bool = False):
+    def __init__(self, directory: Path, startup_timeout_s: float = 120.0, nice: int = 0, idle: bool = False,
+                 noise_seed: int | None = None):
         """`nice` lowers the owner's CPU priority (its server and worker), and `idle` lowers it
         to the least there is (SCHED_IDLE, overriding `nice`): on a machine the trainer shares,
-        the owner then computes on what the trainer leaves idle."""
+        the owner then computes on what the trainer leaves idle. `noise_seed` makes its releases'
+        subsamples and noise reproducible (`serve --insecure-noise-seed`: no privacy, simulations only)."""
         if not 0 <= nice <= 19:
             raise ValueError(f"nice must be in 0..19, got {nice}")
         self.directory = Path(directory)
         self.startup_timeout_s = startup_timeout_s
         self.nice = nice
         self.idle = bool(idle)
+        self.noise_seed = noise_seed
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._stderr_tail: deque[str] = deque(maxlen=40)
@@ -158,8 +161,9 @@ class OwnerProcess:
 
     def start(self) -> None:
         config = self.directory / "config.toml"
+        seeded = () if self.noise_seed is None else ("--insecure-noise-seed", str(self.noise_seed))
         self.proc = subprocess.Popen(
-            _owner_cli("serve", "--config", str(config), "--port", "0"),
+            _owner_cli("serve", "--config", str(config), "--port", "0", *seeded),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

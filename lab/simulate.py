@@ -153,7 +153,7 @@ class Simulation:
                    dtype=None if cfg.simulated_owner.dtype == "auto" else cfg.simulated_owner.dtype)
 
         trainer = setup.trainer
-        with (OwnerProcess(owner_dir, **cfg.simulated_owner.process_priority()) as owner,
+        with (OwnerProcess(owner_dir, **cfg.simulated_owner.process_options(cfg.run.seed)) as owner,
               TargetFeedbackClient(owner.client_settings()) as client):
             feedback = connect_feedback(setup, client, self.run_dir)
             selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)

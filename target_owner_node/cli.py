@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--port", type=int, default=None, help="override the port of server.listen_address (0 = any free)"
     )
+    serve.add_argument(
+        "--insecure-noise-seed", type=int, default=None, metavar="N",
+        help="SIMULATIONS ONLY, NO PRIVACY: draw each release's subsample and DP noise from N and the request's "
+        "content, so a simulated run reproduces exactly; anyone who knows N can subtract the noise "
+        "(`trainer-node simulate` passes its run seed; never use it on real data)",
+    )
 
     audit = commands.add_parser("audit", help="inspect the hash-chained audit log")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
@@ -251,7 +257,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return serve(args.config, args.port)
+    return serve(args.config, args.port, args.insecure_noise_seed)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -270,7 +276,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return serve(config_path, args.port)
 
 
-def serve(config_path: Path, port_override: int | None = None) -> int:
+def _noise_source(insecure_noise_seed: int | None):
+    """None (the node's secure OS randomness) unless a simulation asked for reproducible noise."""
+    if insecure_noise_seed is None:
+        return None
+    from protocol.privacy.mechanisms import ContentSeededRandom
+
+    print("WARNING: --insecure-noise-seed: releases carry noise anyone who knows the seed can subtract; "
+          "this owner gives NO privacy (simulations only)", file=sys.stderr, flush=True)
+    return ContentSeededRandom(insecure_noise_seed)
+
+
+def serve(config_path: Path, port_override: int | None = None, insecure_noise_seed: int | None = None) -> int:
     """Start the node of `config_path` and serve until SIGTERM/SIGINT (`serve` and `launch`)."""
     from target_owner_node.config import ConfigError, load_config, split_address
     from target_owner_node.node import NodeStartupError
@@ -282,7 +299,7 @@ def serve(config_path: Path, port_override: int | None = None) -> int:
         if port_override is not None:
             port = port_override
         display_host = f"[{host}]" if ":" in host else host
-        running = start_server(config, f"{display_host}:{port}")
+        running = start_server(config, f"{display_host}:{port}", random_source=_noise_source(insecure_noise_seed))
     except (ConfigError, NodeStartupError, ValueError) as error:
         return _fail(str(error))
     except RuntimeError as error:  # grpc reports a failed bind as RuntimeError

@@ -34,6 +34,7 @@ from protocol.errors import ProtocolError, invalid
 from protocol.privacy.mechanisms import (
     capped_poisson_mask,
     gaussian_noise,
+    release_source,
     replay_difference_release,
     replay_release,
     rows_per_query,
@@ -197,7 +198,7 @@ class ReleaseService:
         num_values = release.released(len(request.checkpoint_ids))
         event = budget.event_for(num_values)
         n, rate = self.facts.heldout_size, budget.privacy.sample_rate
-        source = self._source()
+        source = release_source(self._source(), request.fingerprint())
         # One row moves each released sum by at most 1 (a score in [0, 1]) or c (a difference clipped to
         # [-c, c]): noise of std z times that bound on every sum gives the same event either way.
         noise_std_sum = budget.noise_multiplier * (release.clip if release.is_difference else 1.0)

@@ -479,9 +479,18 @@ class SimulatedOwnerConfig(Section):
         "so the trainer waits for it (docs/RESULTS.md 6.11): the default stays 'normal'.",
     )
 
-    def process_priority(self) -> dict[str, Any]:
-        """lab.owner_process.OwnerProcess's `nice` and `idle`, as this section sets them."""
-        return {"nice": self.nice, "idle": self.scheduler == "idle"}
+    noise: Literal["seeded", "secure"] = Field(
+        default="seeded",
+        description="Where the simulated owner draws each DP release's subsample and noise from. 'seeded': from "
+        "the run's seed and the request's content (`target-owner-node serve --insecure-noise-seed`), so one seed "
+        "gives the same run on any load; such noise gives NO privacy, which a simulation does not need. "
+        "'secure': OS randomness, as a real owner draws it (every run then differs in its noise).",
+    )
+
+    def process_options(self, run_seed: int) -> dict[str, Any]:
+        """lab.owner_process.OwnerProcess's `nice`, `idle` and `noise_seed`, as this section sets them."""
+        return {"nice": self.nice, "idle": self.scheduler == "idle",
+                "noise_seed": run_seed if self.noise == "seeded" else None}
 
     @field_validator("feedback_verifier")
     @classmethod

@@ -18,9 +18,12 @@ Privacy model (see docs/PRIVACY.md):
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
+import threading
+from collections import Counter
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -78,6 +81,10 @@ class SecureRandom:
     def poisson_mask(self, n: int, rate: float) -> np.ndarray:
         return self.bernoulli_mask(n, rate)
 
+    def for_release(self, key: str) -> SecureRandom:
+        """The source one release draws from: this one (fresh OS randomness for every release)."""
+        return self
+
 
 class SeededRandom:
     """Reproducible, NOT secure noise (numpy PCG64). For tests and simulations only."""
@@ -98,6 +105,44 @@ class SeededRandom:
 
     def poisson_mask(self, n: int, rate: float) -> np.ndarray:
         return self.bernoulli_mask(n, rate)
+
+    def for_release(self, key: str) -> SeededRandom:
+        return self
+
+
+class ContentSeededRandom:
+    """Reproducible, NOT secure noise for a simulated owner: each release draws from a generator
+    seeded by (seed, the request's content, how often that content was asked before).
+
+    A shared seeded stream would hand out its draws in whatever order releases happen to be
+    charged, which depends on timing; keyed by content, a release's subsample and noise are the
+    same whenever it is asked. Anyone who knows the seed can subtract the noise: simulations only
+    (`target-owner-node serve --insecure-noise-seed`).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._asked: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def for_release(self, key: str) -> SeededRandom:
+        with self._lock:
+            occurrence = self._asked[key]
+            self._asked[key] += 1
+        digest = hashlib.sha256(f"{self.seed}:{key}:{occurrence}".encode()).digest()
+        return SeededRandom(int.from_bytes(digest[:16], "little"))
+
+    def normal(self, std: float, size: int) -> np.ndarray:
+        return self.for_release("").normal(std, size)
+
+    def bernoulli_mask(self, n: int, p: float) -> np.ndarray:
+        return self.for_release("").bernoulli_mask(n, p)
+
+
+def release_source(source: NoiseSource, key: str) -> NoiseSource:
+    """The source one release with content `key` draws its subsample and noise from."""
+    keyed = getattr(source, "for_release", None)  # a test's bare NoiseSource has none: it is used as is
+    return keyed(key) if keyed is not None else source
 
 
 def poisson_subsample(num_prompts: int, sample_rate: float, source: NoiseSource) -> np.ndarray:

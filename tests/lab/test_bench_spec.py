@@ -183,8 +183,9 @@ def test_builtin_profiles_are_valid_and_sized_as_promised():
     assert oracle_run.config["policy"]["domain_weights"] == {"count": 1.0}  # filled as simulate does
     staleness = load_profile("staleness")  # issue 14: asynchronous against synchronous feedback, paired
     assert {m.label: m.options for m in staleness.methods} == {"l2rr-sync": {"max_staleness": 0},
-                                                               "l2rr-async": {"max_staleness": 16},
-                                                               "l2rr-async8": {"max_staleness": 8}}
+                                                               "l2rr-async": {"max_staleness": 16, "fixed_staleness": False},
+                                                               "l2rr-async8": {"max_staleness": 8,
+                                                                               "fixed_staleness": False}}
     assert staleness.control == "l2rr-sync" and len(plan_runs(staleness)) == 18
     fixed = load_profile("staleness_fixed")  # the same, with each release applied exactly at its bound
     assert {m.label: m.options for m in fixed.methods} == {

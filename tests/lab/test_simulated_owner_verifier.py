@@ -223,13 +223,14 @@ def test_simulated_owner_scheduler_idle_runs_the_owner_under_sched_idle(tmp_path
         return parse_config(with_overrides(load_toml(simulate_defaults_path()), overrides))
 
     default = resolve_config(SimulateOptions()).simulated_owner
-    assert default.scheduler == "normal" and default.process_priority() == {"nice": 19, "idle": False}
+    assert default.scheduler == "normal" and default.process_options(7) == {"nice": 19, "idle": False,
+                                                                                 "noise_seed": 7}
     idle = simulate_config("idle").simulated_owner
-    assert idle.process_priority() == {"nice": 19, "idle": True}
+    assert idle.process_options(7) == {"nice": 19, "idle": True, "noise_seed": 7}
     with pytest.raises(ConfigError, match=r"simulated_owner\.scheduler"):
         simulate_config("realtime")
-    assert OwnerProcess(tmp_path, **idle.process_priority()).idle
-    assert not OwnerProcess(tmp_path, **default.process_priority()).idle
+    assert OwnerProcess(tmp_path, **idle.process_options(0)).idle
+    assert not OwnerProcess(tmp_path, **default.process_options(0)).idle
     if not hasattr(os, "SCHED_IDLE"):
         pytest.skip("no SCHED_IDLE on this platform (the owner runs at nice 19)")
     probe = "import os; print(os.sched_getscheduler(0) == os.SCHED_IDLE)"

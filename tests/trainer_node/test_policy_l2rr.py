@@ -37,6 +37,9 @@ from trainer_node.policies.l2rr_rules import (
 
 
 def l2rr(pool, batch_size=8, n=8, seed=0, **options):
+    # These tests are about L2RR's rules: a fake owner's release lands the step it arrives, unless a
+    # test asks for the default fixed timing (test_fixed_staleness_is_the_default).
+    options.setdefault("fixed_staleness", False)
     return build_policy(
         {"name": "l2rr", "batch_size": batch_size, "rollouts_per_prompt": n, **options}, pool, np.random.default_rng(seed)
     )
@@ -259,6 +262,21 @@ def test_q_update_unobserved_cluster_and_waste_penalty():
 def test_mixed_distribution_floor():
     q = mixed_distribution(np.array([100.0, 0.0, 0.0, 0.0]), 0.05)
     assert q.sum() == pytest.approx(1.0) and q.min() == pytest.approx(0.05 / 4)
+
+
+def test_pool_prior_starts_q_at_each_clusters_share_of_the_pool():
+    """q_prior = pool: q starts where uniform sampling over prompts is (before the floor mixes in)."""
+    from trainer_node.policies.base import SourcePool
+
+    sizes = {"a": 4, "b": 12, "c": 24}  # unequal clusters of one pool
+    examples = tuple(e for cluster, count in sizes.items() for e in make_pool(per_cluster=count, clusters=[cluster]).examples)
+    pool = SourcePool(examples, tuple(e.domain for e in examples))
+    shares = np.array([sizes[c] for c in pool.cluster_names], dtype=float) / sum(sizes.values())
+    floor = 0.05
+    assert l2rr(pool, q_prior="pool", q_floor=floor).q() == pytest.approx((1 - floor) * shares + floor / 3)
+    assert l2rr(pool, q_floor=floor).q() == pytest.approx(np.full(3, 1 / 3))  # the default: the paper's uniform q
+    with pytest.raises(ValueError, match="q_prior"):
+        l2rr(pool, q_prior="sizes")
 
 
 @pytest.mark.parametrize("estimator", ["lookahead", "spsa"])
@@ -560,6 +578,17 @@ def test_a_failed_async_query_counts_and_keeps_q():
     policy, _, _ = _run_async(max_staleness=3, delay=1, fail=True)
     assert policy.logits.tolist() == [0.0] * 4
     assert policy.metrics()["feedback_failures"] >= 1 and policy.metrics()["feedback_queries"] == 0
+
+
+def test_fixed_staleness_is_the_default():
+    """Issue 42: one seed gives one run whatever the owner's speed, unless a deployment opts out."""
+    from trainer_node.policies.l2rr import L2rrOptions
+
+    defaults = L2rrOptions()
+    assert defaults.fixed_staleness and defaults.max_staleness == 8
+    default_fast, _, _ = _run_async(max_staleness=3, delay=1, fixed_staleness=L2rrOptions().fixed_staleness)
+    default_slow, _, _ = _run_async(max_staleness=3, delay=3, fixed_staleness=L2rrOptions().fixed_staleness)
+    assert default_fast.q().tolist() == default_slow.q().tolist()
 
 
 def test_fixed_staleness_makes_the_run_independent_of_the_owners_speed():

@@ -12,8 +12,8 @@ Per step:
      l2rr_estimators.py; engines that own their step call after_update instead) and take
      a mirror-ascent step on q's logits: eta_q * gain * (normalised hypergradient
      - lambda * centred cluster waste). With max_staleness > 0 the query is asynchronous:
-     training goes on, and the step is taken when the release arrives, at most
-     max_staleness steps later (the step that reaches the bound waits for it).
+     training goes on, and the step is taken exactly max_staleness steps later (waiting for
+     the release if it is late), or with fixed_staleness = false when it arrives.
 
 Ablations (paper Table 2): waste_penalty=false is "w/o ws" (lambda = 0 everywhere),
 rollout_allocation=false gives every prompt n rollouts, learn_q=false is "uniform q".
@@ -78,6 +78,12 @@ class L2rrOptions(PolicyOptions):
         "cluster-level term steers q away from a skill whose groups are often all-correct.",
     )
     learn_q: bool = Field(default=True, description='false: the "uniform q" ablation (no feedback queries).')
+    q_prior: Literal["uniform", "pool"] = Field(
+        default="uniform",
+        description="Where q starts: 'uniform' (every cluster 1/C, the paper's start) or 'pool' (each cluster's "
+        "share of the pool, so that q starts where uniform sampling over prompts is and learn_q = false "
+        "matches the uniform baseline's mix; docs/L2RR.md 4.4 measures the difference on unequal clusters).",
+    )
     oversample: float = Field(
         default=1.5, ge=1, description="Candidates per batch slot (the paper: 384 for B = 256)."
     )
@@ -121,11 +127,11 @@ class L2rrOptions(PolicyOptions):
         "baseline taken off each change)."
     )
     max_staleness: int = Field(
-        default=16, ge=0,
-        description="Asynchronous feedback: a query's release updates q when it arrives, at most this many "
-        "steps after the query (training waits for it only then); 0 = synchronous (the step waits). The "
-        "default is about twice what a simulated owner sharing 2 cores takes to answer (7-8 steps), so "
-        "training does not wait for it (docs/RESULTS.md 6.15).",
+        default=8, ge=0,
+        description="Asynchronous feedback: a query's release updates q at most this many steps after the "
+        "query (training waits for it only then); 0 = synchronous (the step waits). With fixed_staleness (the "
+        "default) it lands exactly then. 8 is about what a simulated owner sharing 2 cores takes to answer "
+        "(7-8 steps); at 12 seeds it matched the synchronous mode's accuracy (docs/RESULTS.md 6.16).",
     )
     release_base: bool = Field(
         default=False,
@@ -142,10 +148,12 @@ class L2rrOptions(PolicyOptions):
         "metric and clip.",
     )
     fixed_staleness: bool = Field(
-        default=False,
+        default=True,
         description="Apply every release exactly max_staleness steps after its query (waiting for it if it "
         "is late), never when it happens to arrive: the run then does not depend on how fast the owner "
-        "answers, so runs with exact releases reproduce. q is always max_staleness steps behind.",
+        "answers or how loaded the machine is, so one seed gives one run. false: a release lands when it "
+        "arrives (the next step after), which trades that for q a few steps fresher in a deployment whose "
+        "owner answers fast; the run then depends on timing.",
     )
 
     @field_validator("estimator")
@@ -209,7 +217,7 @@ class L2rrPolicy(DataPolicy):
         self.cluster_of = np.array([position[c] for c in pool.clusters], dtype=np.int64)  # (N,)
         self.cluster_sizes = np.bincount(self.cluster_of, minlength=len(self.cluster_names))  # (C,)
         self.estimator = build_estimator(self.options.estimator, self.options.estimator_settings())
-        self.logits = np.zeros(len(self.cluster_names))
+        self.logits = self._prior_logits()
         self.history = self._indexed(PromptHistory.empty(len(pool)))
         self.grad_sq = 0.0  # EMA of the centred hypergradient's mean square
         self.grad_updates = 0  # EMA bias correction count
@@ -219,6 +227,12 @@ class L2rrPolicy(DataPolicy):
         self.last_staleness = 0  # steps between the last applied release's query and its use
         self._in_flight: InFlightQuery | None = None  # asynchronous feedback (max_staleness > 0)
         self._step_metrics: dict[str, float] = {}
+
+    def _prior_logits(self) -> np.ndarray:
+        if self.options.q_prior == "pool":
+            logits = np.log(np.maximum(self.cluster_sizes, 1).astype(np.float64))
+            return logits - logits.mean()
+        return np.zeros(len(self.cluster_names))
 
     # --- sampling -------------------------------------------------------------------------
 
