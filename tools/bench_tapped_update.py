@@ -76,12 +76,12 @@ def tiny_trainer(seed: int):
     import numpy as np
     import torch
 
-    if str(ROOT) not in sys.path:  # the project's packages, and tests/ for the toy pool
+    if str(ROOT) not in sys.path:  # the project's packages (lab/ holds the toy workload)
         sys.path.insert(0, str(ROOT))
+    from lab.toy_grpo import SAMPLING, make_settings, render, toy_pool, toy_reward
     from rlvr_core.engines.registry import build_engine
     from rlvr_core.models.loading import load_policy
     from rlvr_core.models.memory import keep_freed_memory
-    from tests.trainer_node.grpo_helpers import SAMPLING, make_settings, render, toy_pool, toy_reward
     from trainer_node.grpo.trainer import GRPOTrainer
     from trainer_node.policies.base import build_policy
 

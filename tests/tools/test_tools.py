@@ -27,6 +27,17 @@ def test_the_tools_are_the_ones_documented():
                      "summarize_runs.py"]
 
 
+def test_no_tool_depends_on_the_test_suite():
+    """Issue 42 item 3: a benchmark stands on the packages it measures (the toy workload is lab/toy_grpo.py)."""
+    import ast
+
+    for name in TOOLS:
+        tree = ast.parse((ROOT / "tools" / name).read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m == "tests" or m.startswith("tests.")], name
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_bench_cpu_share_runs_a_tiny_case():
     result = run_tool("bench_cpu_share.py", "--sizes", "32", "--rounds", "1", "--seconds", "0.05", "--json", timeout=120)

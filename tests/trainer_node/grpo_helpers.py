@@ -9,44 +9,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr_core.engines.base import SamplingParams
+# The toy workload itself lives in lab/ (benchmarks use it too); re-exported for the tests.
+from lab.toy_grpo import (  # noqa: F401
+    SAMPLING,
+    TOY_EXAMPLES,
+    VOCAB_TEXTS,
+    make_settings,
+    render,
+    toy_pool,
+    toy_reward,
+)
 from rlvr_core.engines.registry import build_engine
 from rlvr_core.models.loading import load_policy
 from rlvr_core.models.tiny_policy import random_tiny_policy
-from rlvr_core.tasks.example import Example
 from trainer_node.grpo.settings import GRPOSettings
 from trainer_node.grpo.trainer import GRPOTrainer
-from trainer_node.policies.base import SourcePool, build_policy
-
-TOY_EXAMPLES = tuple(
-    Example(id=f"toy-{i}", prompt=f"add {i} and {i + 1}", answer=str(2 * i + 1), domain="even" if i % 2 else "odd")
-    for i in range(12)
-)
-VOCAB_TEXTS = [e.prompt for e in TOY_EXAMPLES] + [e.answer for e in TOY_EXAMPLES] + ["0123456789 Answer:"]
-
-
-def toy_pool() -> SourcePool:
-    return SourcePool(examples=TOY_EXAMPLES, clusters=tuple(e.domain for e in TOY_EXAMPLES))
-
-
-def toy_reward(text: str, example: Example) -> float:
-    """Share of completion characters that are digits: smooth, so groups rarely tie."""
-    return sum(ch.isdigit() for ch in text) / max(len(text), 1)
-
-
-def render(example: Example) -> str:
-    return f"{example.prompt}\nAnswer:"
+from trainer_node.policies.base import build_policy
 
 
 def make_model_dir(root: Path) -> Path:
     return random_tiny_policy(root / "random_tiny", VOCAB_TEXTS, seed=0)
-
-
-SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1.0, seed=7)  # rollouts; seed = run seed
-
-
-def make_settings(**overrides: Any) -> GRPOSettings:
-    return GRPOSettings(**{"lr": 1e-2, **overrides})
 
 
 def make_trainer(
