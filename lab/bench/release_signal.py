@@ -73,6 +73,27 @@ def releases_of_run(run_dir: Path, clusters: Sequence[str]) -> list[dict[str, fl
     return out
 
 
+def logged_clusters(run_dir: Path) -> list[str]:
+    """The clusters whose hypergradient a run logged (the first train record that has any)."""
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        names = sorted(k[len("hypergrad/"):] for k in record if k.startswith("hypergrad/"))
+        if record.get("kind") == "train" and names:
+            return names
+    return []
+
+
+def cluster_means(run_dirs: Sequence[Path]) -> dict[str, float]:
+    """Each cluster's mean released value over every release of the runs: with difference releases,
+    the mean one-step accuracy change of a candidate along that cluster's direction."""
+    clusters = logged_clusters(run_dirs[0]) if run_dirs else []
+    releases = [r for d in run_dirs for r in releases_of_run(d, clusters)]
+    return {c: float(np.mean([r[c] for r in releases])) for c in clusters} if releases else {}
+
+
 def signal(run_dirs: Sequence[Path], a: str, b: str) -> dict[str, float]:
     """Per-release d = A - B over the runs: mean, sd per release, the runs' means and their sd, the
     share with d > 0, and (runs that logged it) the owner's noise on d and the clips."""
@@ -124,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delta", type=float, default=1e-6)
     parser.add_argument("--planned-releases", type=int, default=150)
     parser.add_argument("--sample-rate", type=float, default=0.5)
+    parser.add_argument("--per-cluster", action="store_true",
+                        help="also print each cluster's mean released value (its one-step effect on the target)")
     args = parser.parse_args(argv)
     a, sep, b = args.pair.partition(":")
     if not sep or not a or not b:
@@ -143,6 +166,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{s['signal_to_noise_per_run']:.2f} for a run's mean of {s['releases_per_run']:.1f} releases")
         else:
             print(f"  exact releases (the owner added no noise){clip}")
+    if args.per_cluster:
+        means = cluster_means(args.run_dirs)
+        print("  mean released value per cluster: " + ", ".join(f"{c} {v * pp:+.3f} pp" for c, v in means.items()))
     if args.feedback_size:
         noise = dp_noise(args.feedback_size, args.epsilon, args.delta, args.planned_releases, args.sample_rate)
         sd = noise["sd_per_candidate"]

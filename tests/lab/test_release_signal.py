@@ -70,3 +70,12 @@ def test_the_noise_each_release_carried_and_the_right_sign_share(tmp_path, capsy
     assert s["signal_to_noise_per_release"] == pytest.approx(0.0 / (math.sqrt(2) * 0.001))
     release_signal.main([str(run), "--pair", "add:crawl"])
     assert "owner-reported" in capsys.readouterr().out
+
+
+def test_each_clusters_mean_release(tmp_path, capsys):
+    one = write_run(tmp_path / "s0", [{"add": -0.02, "crawl": -0.04, "mul": 0.0}, {"add": 0.0, "crawl": -0.02, "mul": 0.0}])
+    two = write_run(tmp_path / "s1", [{"add": 0.02, "crawl": -0.03, "mul": 0.01}])
+    means = release_signal.cluster_means([one, two])
+    assert means == pytest.approx({"add": 0.0, "crawl": -0.03, "mul": 0.01 / 3})
+    release_signal.main([str(one), str(two), "--pair", "add:crawl", "--per-cluster"])
+    assert "add +0.000 pp, crawl -3.000 pp, mul +0.333 pp" in capsys.readouterr().out
