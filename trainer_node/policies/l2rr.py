@@ -82,7 +82,7 @@ class L2rrOptions(PolicyOptions):
         default="uniform",
         description="Where q starts: 'uniform' (every cluster 1/C, the paper's start) or 'pool' (each cluster's "
         "share of the pool, so that q starts where uniform sampling over prompts is and learn_q = false "
-        "matches the uniform baseline's mix; docs/L2RR.md 4.4 measures the difference on unequal clusters).",
+        "matches the uniform baseline's mix; docs/RESULTS.md 11.1 measured both on unequal clusters).",
     )
     oversample: float = Field(
         default=1.5, ge=1, description="Candidates per batch slot (the paper: 384 for B = 256)."
