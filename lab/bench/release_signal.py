@@ -139,7 +139,8 @@ def needed_feedback_size(d: float, releases: float, noise_multiplier: float, sam
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path)
-    parser.add_argument("--pair", required=True, metavar="A:B", help="two cluster names, e.g. add:crawl")
+    parser.add_argument("--pair", required=True, metavar="A:B",
+                        help="two cluster names, e.g. add:crawl; A,B where a name has a colon (count:medium,crawl)")
     parser.add_argument("--feedback-size", type=int, help="the owner's feedback split N (prints the DP part)")
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--delta", type=float, default=1e-6)
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-cluster", action="store_true",
                         help="also print each cluster's mean released value (its one-step effect on the target)")
     args = parser.parse_args(argv)
-    a, sep, b = args.pair.partition(":")
+    a, sep, b = args.pair.partition("," if "," in args.pair else ":")
     if not sep or not a or not b:
         parser.error(f"--pair: expected A:B (two cluster names), got {args.pair!r}")
     s = signal(args.run_dirs, a, b)

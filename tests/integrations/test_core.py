@@ -200,7 +200,8 @@ def test_rewards_become_groups_and_the_waste_signal():
 
 def test_the_feedback_step_uploads_the_engines_checkpoint_and_moves_q(tmp_path):
     pool = make_pool(per_cluster=10)
-    policy = build_policy({"name": "l2rr", "estimator": "release_difference", "eta_q": 0.5},
+    policy = build_policy({"name": "l2rr", "estimator": "release_difference", "eta_q": 0.5,
+                           "max_staleness": 0},  # synchronous: each step's release is read in that step
                           pool, np.random.default_rng(0))
     client = FakeOwnerClient([0.30, 0.40, 0.20, 0.35])
     feedback = release_feedback(tmp_path, client)
@@ -225,7 +226,8 @@ def test_the_feedback_step_uploads_the_engines_checkpoint_and_moves_q(tmp_path):
 
 def test_an_unreachable_owner_keeps_q_and_counts_a_failure(tmp_path):
     pool = make_pool(per_cluster=10)
-    policy = build_policy({"name": "l2rr", "estimator": "release_difference"}, pool, np.random.default_rng(0))
+    policy = build_policy({"name": "l2rr", "estimator": "release_difference", "max_staleness": 0},
+                          pool, np.random.default_rng(0))
     feedback = release_feedback(tmp_path, FakeOwnerClient([], fail_upload=True))
     run = EngineRun(policy, pool, feedback)
     run.observe(0, [0, 0, 20, 20], [0.0, 1.0, 0.0, 1.0])

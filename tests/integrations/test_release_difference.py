@@ -122,7 +122,7 @@ def test_learns_q_from_releases_of_the_current_model_through_the_run_loop_seam()
     pool = make_pool(per_cluster=20)
     oracle = FakeOracle(pool, seed=2, rates=np.full(len(pool), 0.5))
     policy = build_policy({"name": "l2rr", "batch_size": 8, "rollouts_per_prompt": 4,
-                           "estimator": "release_difference", "eta_q": 0.3},
+                           "estimator": "release_difference", "eta_q": 0.3, "max_staleness": 0},
                           pool, np.random.default_rng(3))
     owner = TrainedMixOwner({"logic": 1.0, "algebra": -0.5}, noise=0.0005, seed=4)
     for step in range(90):
@@ -137,7 +137,7 @@ def test_after_update_queries_about_the_model_with_the_batch_trained():
     pool = make_pool(per_cluster=20)
     oracle = FakeOracle(pool, seed=2, rates=np.full(len(pool), 0.5))
     policy = build_policy({"name": "l2rr", "batch_size": 8, "rollouts_per_prompt": 4,
-                           "estimator": "release_difference", "eta_q": 0.3},
+                           "estimator": "release_difference", "eta_q": 0.3, "max_staleness": 0},
                           pool, np.random.default_rng(3))
     owner = TrainedMixOwner({"logic": 1.0, "algebra": -0.5}, noise=0.0005, seed=4)
     for step in range(90):

@@ -79,3 +79,9 @@ def test_each_clusters_mean_release(tmp_path, capsys):
     assert means == pytest.approx({"add": 0.0, "crawl": -0.03, "mul": 0.01 / 3})
     release_signal.main([str(one), str(two), "--pair", "add:crawl", "--per-cluster"])
     assert "add +0.000 pp, crawl -3.000 pp, mul +0.333 pp" in capsys.readouterr().out
+
+
+def test_a_pair_whose_names_hold_a_colon_is_given_with_a_comma(tmp_path, capsys):
+    run = write_run(tmp_path / "s0", [{"count:medium": 0.02, "crawl": 0.01}])
+    release_signal.main([str(run), "--pair", "count:medium,crawl"])
+    assert "hypergrad/count:medium - hypergrad/crawl" in capsys.readouterr().out

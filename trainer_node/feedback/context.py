@@ -200,6 +200,12 @@ class OwnerFeedback:
         self._outstanding: PendingRelease | None = None
         self._clip_calibration: ClipCalibration | None = None  # difference releases with a clip from own prompts
         self._owner_max_clip: float | None = None
+        # Bytes the background thread uploaded, booked into stats when its query settles on the
+        # training thread: a step's record then says what the queries settled so far sent, never
+        # how far a background upload happened to get (which depends on the machine's load).
+        self._unbooked_bytes = 0
+        self._unbooked_query_bytes = 0
+        self._unbooked_clip: float | None = None
 
     # --- FeedbackContext ----------------------------------------------------------------
 
@@ -327,7 +333,7 @@ class OwnerFeedback:
                 self.stats.skipped += 1
                 log.info("step %d: the candidates equal the live model on the trainer's prompts; no release", step)
                 return None
-        self.stats.last_clip = clip
+        self._unbooked_clip = clip  # enters stats when the query settles (_book_uploads)
         return _Query(decoding, pb.DifferenceRequest(metric=release.metric, clip=clip))
 
     def _calibration(self, release: ReleaseOptions) -> ClipCalibration:
@@ -387,9 +393,8 @@ class OwnerFeedback:
 
     def _upload_all(self, states: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
         with self._upload_lock, self._phase("upload"):
-            before = self.stats.uploaded_bytes
-            ids = [self._write_and_upload(state, label) for state, label in zip(states, labels, strict=True)]
-            self.stats.query_uploaded_bytes += self.stats.uploaded_bytes - before
+            ids = [self._write_and_upload(state, label, query=True)
+                   for state, label in zip(states, labels, strict=True)]
             self._writer_for().prune_blobs(keep=set())  # the owner holds them now
         return ids
 
@@ -400,15 +405,31 @@ class OwnerFeedback:
             self._writer = candidate_writer(self.trainer.model, self.trainer.tokenizer, self.workdir)
         return self._writer
 
-    def _write_and_upload(self, state: dict[str, Any], label: str) -> str:
+    def _write_and_upload(self, state: dict[str, Any], label: str, query: bool = False) -> str:
         writer = self._writer_for()
         written = writer.write(state, label)
         try:
             checkpoint_id = self.client.upload(written.directory, written.digests)
-            self.stats.uploaded_bytes += int(getattr(self.client, "last_upload_bytes", 0))
+            self._count_upload(int(getattr(self.client, "last_upload_bytes", 0)), query)
         finally:
             writer.discard(written)
         return checkpoint_id
+
+    def _count_upload(self, sent: int, query: bool) -> None:
+        if getattr(_BACKGROUND, "active", False):
+            self._unbooked_bytes += sent
+            self._unbooked_query_bytes += sent if query else 0
+            return
+        self.stats.uploaded_bytes += sent
+        self.stats.query_uploaded_bytes += sent if query else 0
+
+    def _book_uploads(self) -> None:
+        """On the training thread, once the background query is done: its uploads and clip enter stats."""
+        if self._unbooked_clip is not None:
+            self.stats.last_clip, self._unbooked_clip = self._unbooked_clip, None
+        self.stats.uploaded_bytes += self._unbooked_bytes
+        self.stats.query_uploaded_bytes += self._unbooked_query_bytes
+        self._unbooked_bytes = self._unbooked_query_bytes = 0
 
     def _background_query(self, make_states: Any, step: int, labels: list[str], release: ReleaseOptions):
         """On the background thread: (ids, response), None (nothing worth releasing), or the
@@ -449,6 +470,7 @@ class OwnerFeedback:
     def _settle(self, step: int, outcome: Any) -> list[float] | None:
         """Book a query's outcome on the training thread: pacer, statistics, the released values
         (accuracies, or a difference release's differences, one per candidate)."""
+        self._book_uploads()
         if outcome is None:  # not sent: nothing to release (_query)
             return None
         if isinstance(outcome, BudgetExhausted):
