@@ -74,6 +74,9 @@ PYTHON = sys.executable
 # They use only interfaces both trees have.
 
 
+_DIFFERENCE = {"policy": 'release = { kind = "difference" }\nmax_staleness = 2',
+               "grpo": 'lookahead = "adam_preconditioned"\nlookahead_directions = "cluster_mean"'}
+
 ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tree), {config section: line}
     ("ablation", None, {"policy": "learn_q = false"}),  # no feedback: the yardstick
     ("feedback", None, {}),  # the default estimator (lookahead)
@@ -85,6 +88,13 @@ ARMS = (  # goal 1's runs: label, (file, name) the tree must have (None: any tre
     # the release-only estimator with q held too: its feedback's own cost, on the ablation's batches
     ("release_difference_q_held", ("trainer_node/policies/l2rr_estimators.py", '"release_difference"'),
      {"policy": 'estimator = "release_difference"\neta_q = 0.0'}),
+    # difference releases (docs/RESULTS.md 11: the owner releases each candidate's clipped accuracy
+    # change; the trainer measures the clip on its own prompts), at the evidence row's settings:
+    # candidates along each cluster's running direction, releases landing 2 steps after their query
+    ("difference", ("trainer_node/feedback/clip_calibration.py", "class ClipCalibration"), _DIFFERENCE),
+    # the same with q held: every step trains the ablation's batches
+    ("difference_q_held", ("trainer_node/feedback/clip_calibration.py", "class ClipCalibration"),
+     {**_DIFFERENCE, "policy": _DIFFERENCE["policy"] + "\neta_q = 0.0"}),
     # lookahead with its candidates recomputed on the background thread, as before they reused the
     # update's gradients (trainer_node/grpo/gradient_tap.py): what the reuse saves, side by side
     ("lookahead_recompute", ("trainer_node/grpo/settings.py", "lookahead_from_update"),
@@ -556,6 +566,13 @@ def report(results: dict[str, dict[int, dict]]) -> list[str]:
          "(feedback's own cost)")
     both(1, "1 training thread, release_difference, q held",
          lambda d: _training_thread(d, "release_difference_q_held"))
+    both(1, "1 loop time, difference releases / learn_q=false", lambda d: _loop_ratio(d, "difference"), "<= 1.05x")
+    both(1, "1 loop per trained rollout, difference / ablation", lambda d: _per_rollout_ratio(d, "difference"))
+    both(1, "1 background thread, difference", lambda d: _background(d["difference"]))
+    both(1, "1 training thread, difference", lambda d: _training_thread(d, "difference"))
+    both(1, "1 loop time, difference, q held / abl.", lambda d: _loop_ratio(d, "difference_q_held"),
+         "(feedback's own cost)")
+    both(1, "1 training thread, difference, q held", lambda d: _training_thread(d, "difference_q_held"))
     both(1, "1 loop time, lookahead recomputing candidates / abl.", lambda d: _loop_ratio(d, "lookahead_recompute"),
          "(before the reuse)")
     both(1, "1 background thread, lookahead recomputing", lambda d: _background(d["lookahead_recompute"]))
