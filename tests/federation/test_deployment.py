@@ -19,9 +19,9 @@ from lab.federation import owner_testbeds, write_testbed
 from lab.owner_process import OwnerProcess, init_owner
 from rlvr_core.tasks.testbed import load_testbed
 from tests.deploy.conftest import StubScorer, in_process_owner, owner_config
-from tests.federation.deployment import LocalDeployment, OwnerSite
 from tests.trainer_node.conftest import data_dir, orgs  # noqa: F401 - fixtures
 from tests.trainer_node.grpo_helpers import make_model_dir
+from trainer_node.federation.local_deployment import LocalDeployment, OwnerSite
 from trainer_node.federation.server_app import DeploymentOptions, run_deployment
 
 TESTBED = Path(__file__).with_name("three_owners.toml")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from tests.deploy.conftest import StubScorer, in_process_owner, owner_config
-from tests.federation.deployment import OwnerSite
 from tests.rlvr_core.model_folders import save_pretrained_folder
 from tests.trainer_node.conftest import data_dir, orgs  # noqa: F401 - fixtures
 from tests.trainer_node.test_train_several_owners import write_config
 from trainer_node.cli import main
+from trainer_node.federation.local_deployment import OwnerSite
 
 
 @pytest.fixture()
