@@ -15,7 +15,8 @@ rebuilds each file byte for byte and its sha256 is the one the trainer computed.
 Large candidates: an upload carries a manifest of every file (size, sha256) but only the files
 the owner does not already hold, the direct path's content-address reuse:
 with the trainer's per-tensor shards, a candidate that changes k of T tensors carries about k/T
-of the bytes.
+of the bytes; a LoRA run's candidate carries its adapter_model.safetensors (as tensors, like a
+shard) and nothing else once the owner holds the base.
 """
 
 from __future__ import annotations
@@ -160,6 +161,14 @@ def check_request(action: str, records: dict[str, str], config_keys: dict[str, s
 
 
 
+def is_weights_file(name: str) -> bool:
+    """A safetensors file that travels as arrays: a model shard or a LoRA adapter's weights."""
+    from protocol.adapter_rules import ADAPTER_WEIGHTS_FILE
+    from protocol.validation import SAFETENSORS_NAME
+
+    return bool(SAFETENSORS_NAME.match(name)) or name == ADAPTER_WEIGHTS_FILE
+
+
 def encode_checkpoint(folder: Path, digests: Mapping[str, str] | None = None,
                       held: Container[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
     """A checkpoint folder as (arrays keyed "<weights file>::<tensor>", config files by name, the
@@ -186,7 +195,7 @@ def encode_checkpoint(folder: Path, digests: Mapping[str, str] | None = None,
         manifest[path.name] = [path.stat().st_size, sha]
         if sha in held:
             continue
-        if SAFETENSORS_NAME.match(path.name):
+        if is_weights_file(path.name):
             header, tensors = read_safetensors(path)
             table[path.name] = {"header": header.decode("utf-8"),
                                 "tensors": {t.name: [t.dtype, list(t.shape)] for t in tensors}}
@@ -224,7 +233,7 @@ def decode_checkpoint(arrays: dict[str, np.ndarray], files: dict[str, bytes], fo
     table, every carried file in the manifest); returns the manifest, held files included: the
     owner's own intake checks each carried file's size and sha256 against it, and fills the held
     ones from its store (or refuses with MISSING_FILE_DATA)."""
-    from protocol.validation import SAFETENSORS_NAME, is_allowed_file_name
+    from protocol.validation import is_allowed_file_name
 
     manifest = read_manifest(files)
     listed_files = {name for name, _, _ in manifest}
@@ -236,7 +245,7 @@ def decode_checkpoint(arrays: dict[str, np.ndarray], files: dict[str, bytes], fo
     folder = Path(folder)
     listed = set()
     for file_name, entry in sorted(table.items()):
-        if not SAFETENSORS_NAME.match(file_name) or file_name not in listed_files:
+        if not is_weights_file(file_name) or file_name not in listed_files:
             raise WireError(f"query.upload: {file_name!r} is not an allowed weights file name of the manifest")
         tensors = []
         for name, (dtype, shape) in sorted(entry["tensors"].items()):
@@ -252,7 +261,7 @@ def decode_checkpoint(arrays: dict[str, np.ndarray], files: dict[str, bytes], fo
     for name, data in files.items():
         if name in (TENSOR_META_KEY, MANIFEST_KEY):
             continue
-        if not is_allowed_file_name(name) or SAFETENSORS_NAME.match(name) or name not in listed_files:
+        if not is_allowed_file_name(name) or is_weights_file(name) or name not in listed_files:
             raise WireError(f"query.upload: {name!r} is not an allowed config file name of the manifest")
         (folder / name).write_bytes(data)
     return manifest

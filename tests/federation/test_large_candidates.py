@@ -78,3 +78,29 @@ def test_a_file_the_owner_lost_is_sent_again_in_full(owner, pki, candidates):
     checkpoint_id = client.upload(other.directory, other.digests)
     assert client.last_bytes_received == other.total_bytes  # MISSING_FILE_DATA, then every file
     assert client.evaluate([checkpoint_id], DECODING).results[0].checkpoint_id == checkpoint_id
+
+
+def test_a_lora_candidate_sends_only_its_adapter(transport, tmp_path):
+    """A LoRA run (trainer_node/feedback/adapters.py): the base once, then each candidate's
+    adapter_model.safetensors alone (over Flower as arrays, like a shard)."""
+    pytest.importorskip("peft")
+    from protocol.adapter_rules import ADAPTER_WEIGHTS_FILE
+    from trainer_node.feedback.candidates import candidate_writer
+    from trainer_node.lora import LoraSettings, apply_lora
+
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(make_model_dir(tmp_path), "cpu", torch.float32)
+    model = apply_lora(model, LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"]))
+    writer = candidate_writer(model, tokenizer, tmp_path / "candidates")
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    first = writer.write(state, "first")
+    lora_b = next(name for name in state if ".lora_B." in name)
+    second = writer.write({**state, lora_b: state[lora_b] + 0.5}, "second")
+    assert {n for n, d in second.digests.items() if first.digests[n] != d} == {ADAPTER_WEIGHTS_FILE}
+    ids = [transport.upload(first.directory, first.digests)]
+    assert owner_received(transport) == first.total_bytes
+    ids.append(transport.upload(second.directory, second.digests))
+    assert owner_received(transport) == second.sizes[ADAPTER_WEIGHTS_FILE]  # the adapter, nothing else
+    assert transport.last_upload_bytes <= second.sizes[ADAPTER_WEIGHTS_FILE] + OVERHEAD
+    response = transport.evaluate(ids, DECODING)
+    assert [r.checkpoint_id for r in response.results] == ids
