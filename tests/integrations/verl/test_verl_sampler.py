@@ -277,7 +277,8 @@ def test_feedback_releases_verls_latest_hf_checkpoint_and_moves_q(train_file, to
                     "client_cert": str(settings.client_cert), "client_key": str(settings.client_key),
                     "server_name": "localhost"}
         config = data_config(tmp_path, checkpoint_dir=str(checkpoints), total_steps=3, feedback=feedback,
-                             policy={"name": "l2rr", "estimator": "release_difference", "eta_q": 5.0})
+                             policy={"name": "l2rr", "estimator": "release_difference", "eta_q": 5.0,
+                                     "max_staleness": 0})  # synchronous: 3 steps, 3 releases
         dataset = dataset_for(train_file, tokenizer, config)
         sampler = verl_sampler(config, dataset)
         loader = StatefulDataLoader(dataset=dataset, batch_size=ROUND, num_workers=0, drop_last=True,
