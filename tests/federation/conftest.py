@@ -40,8 +40,8 @@ def direct_client(port, pki):  # noqa: F811
 
 def flower_client(port, pki, name="owner-a"):  # noqa: F811
     from flower_shim.app import make_client_app
-    from tests.federation.loopback_grid import LoopbackGrid
     from trainer_node.federation.client import FlowerOwnerClient
+    from trainer_node.federation.loopback_grid import LoopbackGrid
 
     grid = LoopbackGrid(make_client_app(lambda context: (name, public_settings(port, pki))), {7: {}})
     return FlowerOwnerClient(grid, 7, timeout_s=60)

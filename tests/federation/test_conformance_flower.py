@@ -13,8 +13,8 @@ from protocol.conformance.options import SuiteOptions
 from protocol.conformance.registry import select_checks
 from protocol.conformance.runner import FAIL, PASS, _run_one
 from tests.federation.flower_stub import FlowerStub
-from tests.federation.loopback_grid import LoopbackGrid
 from tests.protocol import conformance_harness as harness
+from trainer_node.federation.loopback_grid import LoopbackGrid
 
 # Every RPC-level check that needs neither a restart, a second owner launch, raw upload streams,
 # other TLS identities nor other connections (those are the transport's).

@@ -63,7 +63,7 @@ def check_summary(summary: dict) -> None:
 
 def test_the_deployment_server_app_trains_with_two_owners_on_an_in_process_grid(orgs, data_dir, tmp_path):  # noqa: F811
     from flower_shim.app import make_client_app, settings_from_node_config
-    from tests.federation.loopback_grid import LoopbackGrid
+    from trainer_node.federation.loopback_grid import LoopbackGrid
 
     ours, _ = orgs
     with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
@@ -134,7 +134,7 @@ def test_an_owner_whose_node_is_missing_or_claims_another_pin_is_left_out_and_na
     """owner1's only node claims owner1 but owner-nodes pins owner1 to another id: not used; the run
     trains with owner0 and summary.json names owner1 lost at step 0."""
     from flower_shim.app import make_client_app, settings_from_node_config
-    from tests.federation.loopback_grid import LoopbackGrid
+    from trainer_node.federation.loopback_grid import LoopbackGrid
 
     ours, _ = orgs
     with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \

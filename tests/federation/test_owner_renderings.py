@@ -46,8 +46,8 @@ def test_train_refuses_owners_with_different_renderings_naming_the_entry(two_ren
 
 def test_a_flower_run_refuses_owners_with_different_renderings(two_renderings, orgs, tmp_path):  # noqa: F811
     from flower_shim.app import make_client_app, settings_from_node_config
-    from tests.federation.loopback_grid import LoopbackGrid
     from tests.federation.test_deployment import train_config
+    from trainer_node.federation.loopback_grid import LoopbackGrid
     from trainer_node.federation.server_app import DeploymentOptions, run_deployment
     from trainer_node.feedback.preflight import OwnerStartError
 

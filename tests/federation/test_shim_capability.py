@@ -140,7 +140,7 @@ def test_the_shim_runs_as_a_user_that_cannot_read_the_owners_data(owner, pki, da
                 sys.exit("the shim's user could read the owner's held-out data")
             from flower_shim.app import make_client_app
             from protocol.public_client import PublicClientSettings
-            from tests.federation.loopback_grid import LoopbackGrid
+            from trainer_node.federation.loopback_grid import LoopbackGrid
             from trainer_node.federation.client import FlowerOwnerClient
             certs = Path({str(certs)!r})
             settings = PublicClientSettings(target="127.0.0.1:{owner.port}", ca_cert=certs / "ca_cert",

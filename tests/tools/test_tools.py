@@ -22,7 +22,8 @@ def run_tool(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
 
 
 def test_the_tools_are_the_ones_documented():
-    assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_grpo_cpu.py", "bench_owner.py",
+    assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_flower_bytes.py",
+                     "bench_grpo_cpu.py", "bench_owner.py",
                      "bench_owner_beside.py", "bench_owner_scoring.py", "bench_tapped_update.py", "gen_protos.py",
                      "summarize_runs.py"]
 
@@ -82,6 +83,25 @@ def test_summarize_runs_pairs_methods_over_seeds(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
     assert "(control)" in rows["uniform"] and "+5.00" in rows["l2rr"] and "1.11×" in rows["l2rr"]
+
+
+def test_bench_flower_bytes_refuses_a_bad_flag_naming_it():
+    result = run_tool("bench_flower_bytes.py", "--candidates", "0")
+    assert result.returncode == 2 and "--candidates: at least 1" in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_flower_bytes_measures_both_paths(tmp_path):
+    """~25 s: an owner process, a random tiny model's candidates over direct gRPC and through the shim."""
+    result = run_tool("bench_flower_bytes.py", "--candidates", "1", "--json", str(tmp_path / "bytes.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads((tmp_path / "bytes.json").read_text())
+    for label, (sent, _, stored) in figures["direct"].items():
+        assert figures["flower"][label][2] == stored  # the owner stores the same files on both paths
+        assert stored <= sent <= figures["flower"][label][0]  # Flower's message carries a little more
+    base, one = figures["direct"]["base (nothing held)"][0], figures["direct"]["the smallest tensor changed"][0]
+    assert one < base / 10  # an unchanged tensor is not resent
+    assert "query: 2 checkpoints + 1 release" in result.stdout
 
 
 @pytest.mark.slow

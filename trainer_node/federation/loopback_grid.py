@@ -1,7 +1,8 @@
 """A Grid that delivers each message to a ClientApp in this process: the Flower transport's
 message path (records, routing by `query.<action>`, replies) without Ray or a SuperLink, so the
-client contract tests run on it in a second. The real runtimes are exercised by
-test_simulation.py (Flower's simulation engine)."""
+client contract tests run on it in a second and tools/bench_flower_bytes.py measures the messages
+a query sends. No run uses it: the real runtimes are exercised by tests/federation/test_simulation.py
+(Flower's simulation engine) and the deployment tests (a SuperLink and SuperNodes)."""
 
 from __future__ import annotations
 
