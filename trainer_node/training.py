@@ -297,11 +297,13 @@ _TARGET_MIX_REFUSED = (
 )
 
 
-def check_trainable(config: TrainConfig) -> None:
-    """Refuse what only the lab may run: it needs knowledge of the target a trainer lacks."""
+def check_trainable(config: TrainConfig, selects_checkpoints: bool = False) -> None:
+    """Refuse what only the lab may run: it needs knowledge of the target a trainer lacks.
+    `selects_checkpoints`: the caller runs [selection] and reports its choice (the Flower deployment's
+    ServerApp); `train` does not yet, so it refuses selection.every."""
     if config.data.train_on_feedback_split:
         raise ConfigError(_TARGET_MIX_REFUSED)
-    if config.selection.every:
+    if config.selection.every and not selects_checkpoints:
         raise ConfigError("selection.every: checkpoint selection by target feedback runs in `simulate` "
                           "(and `bench`); set it to 0 for `train`")
     if config.simulated_owner.feedback_verifier is not None:

@@ -149,3 +149,31 @@ def test_an_owner_whose_node_is_missing_or_claims_another_pin_is_left_out_and_na
     assert [lost["owner"] for lost in summary["owners_lost"]] == ["owner1"]
     assert summary["owners_lost"][0]["step"] == 0 and "did not connect" in summary["owners_lost"][0]["reason"]
     assert summary["owners"]["owner0"]["queries"] >= 1
+
+
+def test_the_deployment_selects_a_checkpoint_over_both_owners(orgs, data_dir, tmp_path):  # noqa: F811
+    """[selection] over Flower (issue 44): each candidate goes to both owners, each owner makes one
+    selection release at the end, and summary.json names the chosen step (and the final checkpoint
+    when that is the one chosen)."""
+    from flower_shim.app import make_client_app, settings_from_node_config
+    from trainer_node.federation.loopback_grid import LoopbackGrid
+
+    ours, _ = orgs
+    with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
+            in_process_owner(owner_config(tmp_path / "b", data_dir, ours), tmp_path, StubScorer(0.8)) as b:
+        sites = [OwnerSite(name, f"127.0.0.1:{owner.port}", ours.owner_ca_cert, ours.client_cert, ours.client_key)
+                 for name, owner in zip(OWNERS, (a, b), strict=True)]
+        grid = LoopbackGrid(make_client_app(settings_from_node_config),
+                            {11: sites[0].node_config_values(), 22: sites[1].node_config_values()})
+        config = train_config(tmp_path, tmp_path / "run")
+        with config.open("a") as fh:
+            fh.write("[selection]\nevery = 1\n")
+        summary = run_deployment(grid, DeploymentOptions(train_config=config, owners=OWNERS, startup_timeout_s=10,
+                                                         final_release=False))
+    selection = summary["selection"]
+    assert selection["candidate_steps"] == [1, 2] and len(selection["released_accuracy"]) == 2
+    assert selection["selected_step"] in (1, 2)
+    if selection["selected_step"] == 2:  # the final checkpoint is saved; step 1's is not (save_every = 0)
+        assert selection["selected_checkpoint"].endswith("step_000002")
+    for name in OWNERS:
+        assert summary["owners"][name]["queries"] == 1  # the one selection release, charged by that owner

@@ -13,7 +13,10 @@ certificate). `main` is `trainer-node train` with the owners behind Flower inste
    rendering): one that does not answer or is not connected in time is left out and named in
    summary.json's `owners_lost` (step 0);
 3. the one run loop trains with a MultiOwnerFeedback over FlowerOwnerClients (one pacer and budget
-   per owner; `[owners]` chooses the aggregation); summary.json says `transport = "flower"`.
+   per owner; `[owners]` chooses the aggregation); summary.json says `transport = "flower"`;
+4. with `[selection] every = N`, checkpoint selection over the owners (trainer_node/feedback/owners.py):
+   each candidate goes to every owner with weight, one selection release per owner at the end, the
+   best weighted aggregate wins; summary.json's `selection` names the step and its local checkpoint.
 """
 
 from __future__ import annotations
@@ -146,6 +149,8 @@ def run_deployment(grid: Any, options: DeploymentOptions, progress: bool = False
     from trainer_node.feedback.aggregation import AggregationOptions
     from trainer_node.feedback.hook import OwnerFeedbackHook
     from trainer_node.feedback.owners import connect_owners
+    from trainer_node.feedback.selection import CheckpointSelector
+    from trainer_node.grpo.checkpoint import checkpoint_name
     from trainer_node.loop import Schedule, run_loop
     from trainer_node.run_output import RunOutput
     from trainer_node.training import (
@@ -160,7 +165,7 @@ def run_deployment(grid: Any, options: DeploymentOptions, progress: bool = False
     if config.feedback is not None:
         raise ValueError(f"{options.train_config}: [feedback]: over Flower the owners are the SuperNodes of the run "
                          "(run config `owners`); remove the [feedback] section ([owners] chooses the aggregation)")
-    check_trainable(config)
+    check_trainable(config, selects_checkpoints=True)
     clients, failed = connect_flower_owners(grid, options)
     try:
         owners = check_flower_owners(clients, failed)
@@ -176,7 +181,10 @@ def run_deployment(grid: Any, options: DeploymentOptions, progress: bool = False
         output = RunOutput(run_dir, config.run.steps, start_step=setup.trainer.step_index, progress=progress)
         schedule = Schedule(steps=config.run.steps, eval_every=config.run.eval_every,
                             save_every=config.run.save_every, checkpoint_dir=run_dir / "checkpoints")
-        result = run_loop(setup.trainer, output, schedule, SourceEvaluation(setup), OwnerFeedbackHook(feedback, final_release=options.final_release))
+        selector = (CheckpointSelector(feedback, config.selection.every, config.selection.max_candidates,
+                                       config.run.steps) if config.selection.every else None)
+        hook = OwnerFeedbackHook(feedback, selector=selector, final_release=options.final_release)
+        result = run_loop(setup.trainer, output, schedule, SourceEvaluation(setup), hook)
         budgets = {}
         for owner in feedback.owners:
             try:
@@ -194,6 +202,10 @@ def run_deployment(grid: Any, options: DeploymentOptions, progress: bool = False
                                   for o in feedback.owners},
                  "rendering": setup.rendering.describe() if setup.rendering else None,
                  **result.feedback.summary, **summary}
+        if result.feedback.selection is not None:  # the step chosen, and its checkpoint where one was saved
+            chosen = schedule.checkpoint_dir / checkpoint_name(result.feedback.selection.chosen.step)
+            extra["selection"] = {**result.feedback.selection.to_json(),
+                                  "selected_checkpoint": str(chosen) if chosen.exists() else None}
         return output.close(extra=extra)
     finally:
         for client in clients.values():

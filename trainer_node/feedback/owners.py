@@ -11,6 +11,11 @@ candidates; the released accuracies are combined by a registered aggregation
 - `per_owner`: one named owner's releases only (`owner = "name"`): L2RR learns q against that
   owner's target, and the others are asked only for the final release.
 
+Checkpoint selection (trainer_node/feedback/selection.py) works the same way: a candidate is
+uploaded to every live owner that has weight, the one selection release asks each of them for one
+multi-candidate release of its own copies, and the released accuracies combine with the same
+weights, renormalized over the owners that answered; the chosen candidate is the best aggregate.
+
 An owner that is out of budget, or that failed `drop_after_failures` queries in a row, is dropped
 with a log line; training goes on with the others, and `summary()` names every lost owner with the
 step it was lost at and why. Privacy needs nothing here: each owner's node spends and enforces its
@@ -68,6 +73,9 @@ class MultiOwnerFeedback:
     left_out: dict[str, str] = field(default_factory=dict)
     """Owners configured but left out before the first step (name -> why: failed the start checks)."""
 
+    _selection_ids: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    """Checkpoint selection: the key upload_current returned -> each owner's own checkpoint id."""
+
     def __post_init__(self) -> None:
         names = [o.name for o in self.owners]
         if len(set(names) | set(self.left_out)) != len(names) + len(self.left_out) or not names:
@@ -116,6 +124,46 @@ class MultiOwnerFeedback:
         released = self._release([o for o in self.owners if o.live], lambda o: o.feedback.release_current(step),
                                  final=True)
         return released[0] if released else None
+
+    # --- checkpoint selection (CheckpointSelector's two calls) -------------------------------
+
+    def _selecting(self) -> list[Owner]:
+        return [o for o in self.owners if o.live and o.weight > 0]
+
+    def upload_current(self, label: str = "current") -> str:
+        """The live model, uploaded to every live owner with weight; returns this run's key for it
+        (each owner's checkpoint id is its own). A candidate an owner could not take is not one:
+        FeedbackError, and the selector skips it, as with one owner."""
+        from trainer_node.feedback.client import FeedbackError
+
+        ids: dict[str, str] = {}
+        for owner in self._selecting():
+            try:
+                ids[owner.name] = owner.feedback.upload_current(label)
+            except FeedbackError as error:
+                raise FeedbackError(f"owner {owner.name!r} did not take the candidate {label!r}: {error}",
+                                    error.code, error.reason) from None
+        if not ids:
+            raise FeedbackError(f"no live owner with weight to upload the candidate {label!r} to")
+        key = f"{label}#{len(self._selection_ids)}"
+        self._selection_ids[key] = ids
+        return key
+
+    def release_checkpoints(self, keys: Sequence[str]) -> list[float] | None:
+        """The selection release: each live owner with weight that holds every candidate releases their
+        accuracies once (charged by that owner); the aggregate per candidate, or None if none answered."""
+        owners = [o for o in self._selecting() if all(o.name in self._selection_ids[key] for key in keys)]
+
+        def ask(owner: Owner) -> list[float] | None:
+            ids = [self._selection_ids[key][owner.name] for key in keys]
+            unique = list(dict.fromkeys(ids))  # an unchanged model is one checkpoint at the owner: in it once
+            released = owner.feedback.release_checkpoints(unique)
+            if released is None:
+                return None
+            by_id = dict(zip(unique, released, strict=True))
+            return [by_id[checkpoint] for checkpoint in ids]
+
+        return self._release(owners, ask)
 
     def _release(self, owners: list[Owner], ask: Callable[[Owner], Any], final: bool = False) -> list[float] | None:
         answers: dict[str, list[float]] = {}
