@@ -50,6 +50,7 @@ class Watched:
 WATCHED = [
     Watched("rlvr_core.engines.registry:ENGINES"),
     Watched("rlvr_core.verifiers.base:VERIFIERS"),
+    Watched("rlvr_core.tasks.rubric:RUBRIC_ITEMS"),
     Watched("protocol.privacy.accountants:ACCOUNTANTS"),
     Watched("trainer_node.grpo.advantages:ADVANTAGES"),
     Watched("trainer_node.grpo.losses:LOSSES"),

@@ -65,6 +65,11 @@ split stays a pure function of the spec) and rejects those whose answer already 
     size = 600
     config = { min_words = 3, max_words = 5 }
     max_answer_share = 0.25     # no answer in more than 150 of the 600 rows
+
+An entry with `rubric = { items = [...] }` is a rubric task (rlvr_core/tasks/rubric.py): each row's
+prompt also states k checkable items drawn for it, its reference answer meets them all, and the
+exact grader `rubric` scores the fraction met (a graded score; issue 43). Duplicates and the answer
+cap are decided on the generator's own prompt and answer, before the rubric is drawn.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from rlvr_core.tasks.example import Example
 from rlvr_core.tasks.prompting import DEFAULT_PROMPT_TEMPLATE, validate_template
+from rlvr_core.tasks.rubric import RubricSpec, question_of
 
 TESTBED_DIR = Path(__file__).with_name("testbeds")
 DEFAULT_TESTBED = "default"
@@ -155,6 +161,17 @@ class MixtureEntry(BaseModel):
     max_answer_share: float | None = Field(default=None, gt=0.0, le=1.0)
     """Target only: no reference answer (stripped text) in more than floor(share * size) of the
     entry's rows; extra draws from the same generator replace the rejected ones. None: no cap."""
+    rubric: RubricSpec | None = None
+    """Make the entry a rubric task graded by the fraction of items met (rlvr_core/tasks/rubric.py).
+    None: the generator's own task and reasoning-gym verifier."""
+
+    @field_validator("rubric")
+    @classmethod
+    def _rubric_labels_are_clean(cls, rubric: RubricSpec | None, info: ValidationInfo) -> RubricSpec | None:
+        if rubric is not None and info.data.get("corrupt") is not None:
+            raise ValueError("cannot be combined with `corrupt` (a shifted answer no longer meets the "
+                             "rubric's items); remove one of the two")
+        return rubric
 
     @property
     def answer_cap(self) -> int | None:
@@ -471,12 +488,12 @@ def _build(spec: TestbedSpec) -> TestbedData:
             rl_part, warm_part = _split_warmup(drawn, spec.warmup_fraction, _derive_seed(spec.seed, "warm", index))
         source.extend(rl_part)
         warmup.extend(warm_part)
-    seen_prompts = {example.prompt for example in source + warmup}
+    seen_prompts = {question_of(example) for example in source + warmup}  # a rubric's rules aside
     target: list[Example] = []
     capped: set[int] = set()  # positions of rows from entries with max_answer_share
     for index, entry in enumerate(spec.target):
         drawn = _generate(entry, "tgt", index, _derive_seed(spec.seed, "tgt", index), avoid=seen_prompts)
-        seen_prompts.update(example.prompt for example in drawn)
+        seen_prompts.update(question_of(example) for example in drawn)
         if entry.answer_cap is not None:
             capped.update(range(len(target), len(target) + len(drawn)))
         target.extend(drawn)
@@ -539,17 +556,21 @@ def _generate(entry: MixtureEntry, prefix: str, index: int, seed: int, avoid: se
         if cap is not None and held[answer.strip()] >= cap:
             continue
         held[answer.strip()] += 1
-        examples.append(
-            Example(
-                id=f"{prefix}-{entry.task}-{index}-{len(examples)}",
-                prompt=prompt,
-                answer=answer,
-                task=entry.task,
-                domain=entry.domain,
-                verifier="reasoning_gym",
-                metadata={"rg": to_jsonable(item.get("metadata", {})), "difficulty": entry.difficulty},
-            )
+        example = Example(
+            id=f"{prefix}-{entry.task}-{index}-{len(examples)}",
+            prompt=prompt,
+            answer=answer,
+            task=entry.task,
+            domain=entry.domain,
+            verifier="reasoning_gym",
+            metadata={"rg": to_jsonable(item.get("metadata", {})), "difficulty": entry.difficulty},
         )
+        if entry.rubric is not None:
+            try:
+                example = entry.rubric.apply(example, seed)
+            except ValueError as error:
+                raise TestbedError(f"{where}.rubric.{error}") from None
+        examples.append(example)
     if len(examples) < entry.size and cap is not None and sum(offered.values()) >= entry.size:
         reached = _lowest_reachable_share(offered, entry.size)
         raise TestbedError(

@@ -51,7 +51,8 @@ def test_extract_answer_tolerates_non_strings():
     assert extract_answer(None) == ""  # type: ignore[arg-type]
 
 
-BUILTIN = ["exact_match", "math_verify", "noisy_flip", "partial_checks", "reasoning_gym", "stochastic_grader"]
+BUILTIN = ["exact_match", "math_verify", "noisy_flip", "partial_checks", "reasoning_gym", "rubric", "rubric_grader",
+           "stochastic_grader"]
 
 
 def test_builtin_verifiers_are_registered():
@@ -64,7 +65,7 @@ def test_builtin_verifiers_are_registered():
 
 def test_unknown_verifier_lists_known_names():
     with pytest.raises(ValueError, match="unknown verifier 'nope'; known: exact_match, math_verify, noisy_flip, "
-                       "partial_checks, reasoning_gym, stochastic_grader"):
+                       "partial_checks, reasoning_gym, rubric, rubric_grader, stochastic_grader"):
         get_verifier("nope")
     with pytest.raises(ValueError, match="unknown verifier"):
         score_example("1", Example("a", "p", "1", verifier="nope"))

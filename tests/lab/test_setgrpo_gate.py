@@ -1,0 +1,45 @@
+"""lab/bench/setgrpo_gate.py: the gate's figures over a run's calibrated steps, from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lab.bench import setgrpo_gate
+
+
+def _run(tmp_path, records, summary=None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_figures_are_taken_over_the_calibrated_steps_only(tmp_path):
+    records = [{"kind": "eval", "step": 0, "accuracy": 0.5}]
+    for step in range(6):
+        calibrated = step >= 2
+        records.append({"kind": "train", "step": step, "reward_mean": 0.1 * step, "setgrpo/calibrated": int(calibrated),
+                        "setgrpo/accepted_ratio": [0.9, 0.9, 0.0, 0.25, 0.0, 0.5][step],
+                        "setgrpo/recovery_mean": 0.5, "setgrpo/gateable_ratio": 0.4, "setgrpo/tau_sel": 0.2,
+                        "setgrpo/coverage": 0.7})
+    train, summary = setgrpo_gate.read_run(_run(tmp_path, records))
+    figures = setgrpo_gate.gate_figures(train, window=2)
+    assert summary == {} and figures["calibrated_steps"] == 4 and figures["steps_accepting"] == 2
+    assert figures["accepted_mean"] == pytest.approx(0.1875) and figures["accepted_max"] == 0.5
+    assert figures["reward_first"] == pytest.approx(0.05) and figures["reward_last"] == pytest.approx(0.45)
+
+
+def test_a_run_without_setgrpo_has_no_gate_figures_and_the_cli_prints_a_row(tmp_path, capsys):
+    run = _run(tmp_path, [{"kind": "train", "step": 0, "reward_mean": 0.3}],
+               {"target_accuracy_before": 0.4, "target_accuracy_after": 0.45})
+    figures = setgrpo_gate.gate_figures(setgrpo_gate.read_run(run)[0], window=5)
+    assert figures["calibrated_steps"] == 0 and math.isnan(figures["accepted_mean"])
+    assert setgrpo_gate.main([str(run)]) == 0
+    assert "0.400 -> 0.450" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        setgrpo_gate.main([str(tmp_path / "missing")])
