@@ -179,18 +179,21 @@ class FederatedSimulation(Simulation):
         return {name: clients[name] for name in names}
 
     def _train(self, grid: Any, setup: Any, processes: dict[str, OwnerProcess], names: list[str]) -> dict[str, Any]:
-        from trainer_node.feedback.context import FeedbackSettings
+        from trainer_node.feedback.selection import CheckpointSelector
+        from trainer_node.training import feedback_settings
 
         cfg = self.config
         clients = self._clients(grid, names)
-        settings = FeedbackSettings(total_steps=cfg.run.steps, max_new_tokens=cfg.rollout.max_new_tokens,
-                                    seed=cfg.run.seed)
-        feedback = connect_owners(clients, setup.trainer, settings, self.run_dir / "checkpoints_sent",
+        # the deployment's settings ([feedback], and one release per owner kept back for [selection])
+        feedback = connect_owners(clients, setup.trainer, feedback_settings(cfg), self.run_dir / "checkpoints_sent",
                                   self.aggregation())
         if setup.policy.uses_target_feedback:
             setup.trainer.feedback = feedback
         evaluation = PerOwnerTestEvaluation(feedback, cfg.rollout.max_new_tokens)
-        hook = StepCallbackHook(OwnerFeedbackHook(feedback), lambda step: self._on_step(step, processes))
+        selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)
+                    if cfg.selection.every else None)  # over every owner, as the deployment's ServerApp does
+        hook = StepCallbackHook(OwnerFeedbackHook(feedback, selector=selector),
+                                lambda step: self._on_step(step, processes))
         cfg.save_resolved(self.run_dir)
         output = RunOutput(self.run_dir, cfg.run.steps, progress=self.opts.progress)
         result = run_loop(setup.trainer, output, Schedule(steps=cfg.run.steps, eval_every=cfg.run.eval_every),
@@ -253,6 +256,8 @@ class FederatedSimulation(Simulation):
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
         summary["feedback_queries"] = feedback.stats.queries
+        if result.feedback.selection is not None:
+            summary["selection"] = result.feedback.selection.to_json()
         output.close(extra=summary, print_table=False)
         merged = json.loads((self.run_dir / "summary.json").read_text())
         merged.update(summary)

@@ -93,3 +93,20 @@ def test_three_owners_one_killed_mid_run_training_finishes_on_the_other_two(tmp_
     assert set(summary["target_domain_accuracy_after"]) == {"add", "sub"}
     assert set(summary["target_domain_accuracy_before"]) == {"add", "spell", "sub"}
     assert owners["owner1"]["queries"] >= 1  # it answered before it was killed
+
+
+def test_checkpoint_selection_runs_over_every_owner_in_the_simulation(tmp_path):
+    """[selection] in `simulate --owners N` is the deployment's: candidates every `every` steps, one
+    selection release per owner at the end, the chosen step in summary.json (issue 44)."""
+    run_dir = tmp_path / "run"
+    config = sim_config(tmp_path, run_dir, steps=4)
+    text = config.read_text().replace('name = "l2rr"', 'name = "uniform"')
+    config.write_text(text.replace("max_staleness = 0", "") + "[selection]\nevery = 2\n")
+    summary = run_federated_simulation(
+        SimulateOptions(config=config, epsilon=8.0, sample_rate=1.0, planned_releases=50, progress=False),
+        FederatedOptions(owners=2))
+    selection = json.loads((run_dir / "summary.json").read_text())["selection"]
+    assert selection == summary["selection"]
+    assert selection["candidate_steps"] == [2, 4] and selection["selected_step"] in {2, 4}
+    assert len(selection["released_accuracy"]) == 2
+    assert all(owner["epsilon_spent"] > 0 for owner in summary["owners"].values())  # each made its release
