@@ -46,6 +46,8 @@ def gate_figures(train: list[dict[str, Any]], window: int) -> dict[str, Any]:
         "steps": len(train),
         "reward_first": _mean(rewards[:window]),
         "reward_last": _mean(rewards[-window:]),
+        "zero_variance_share": _mean([r["zero_variance_groups"] / r["groups_total"] for r in train
+                                      if r.get("groups_total")]),
         "calibrated_steps": len(calibrated),
         "accepted_mean": _mean(accepted),
         "accepted_max": max((a for a in accepted if math.isfinite(a)), default=float("nan")),
@@ -58,6 +60,8 @@ def gate_figures(train: list[dict[str, Any]], window: int) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # a threshold the gate never certified is logged as null
+        return "none"
     if isinstance(value, float):
         return "—" if not math.isfinite(value) else f"{value:.3f}"
     return str(value)
@@ -72,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.window < 1:
         parser.error("--window: at least 1")
-    columns = ["run", "test acc before -> after", "reward first -> last", "calibrated steps", "accepted mean",
+    columns = ["run", "test acc before -> after", "reward first -> last", "zero-variance groups", "calibrated steps", "accepted mean",
                "accepted max", "steps accepting", "recovery mean", "gateable mean", "tau_sel (last)", "coverage (last)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
@@ -84,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         before, after = summary.get("target_accuracy_before"), summary.get("target_accuracy_after")
         accuracy = f"{before:.3f} -> {after:.3f}" if before is not None and after is not None else "—"
         cells = [str(run_dir), accuracy, f"{_fmt(f['reward_first'])} -> {_fmt(f['reward_last'])}",
-                 *(_fmt(f[k]) for k in ("calibrated_steps", "accepted_mean", "accepted_max", "steps_accepting",
+                 *(_fmt(f[k]) for k in ("zero_variance_share", "calibrated_steps", "accepted_mean", "accepted_max", "steps_accepting",
                                         "recovery_mean", "gateable_mean", "tau_sel_last", "coverage_last"))]
         print("| " + " | ".join(cells) + " |")
         if args.steps:

@@ -24,6 +24,7 @@ def test_figures_are_taken_over_the_calibrated_steps_only(tmp_path):
     for step in range(6):
         calibrated = step >= 2
         records.append({"kind": "train", "step": step, "reward_mean": 0.1 * step, "setgrpo/calibrated": int(calibrated),
+                        "zero_variance_groups": step % 2, "groups_total": 4,
                         "setgrpo/accepted_ratio": [0.9, 0.9, 0.0, 0.25, 0.0, 0.5][step],
                         "setgrpo/recovery_mean": 0.5, "setgrpo/gateable_ratio": 0.4, "setgrpo/tau_sel": 0.2,
                         "setgrpo/coverage": 0.7})
@@ -32,6 +33,7 @@ def test_figures_are_taken_over_the_calibrated_steps_only(tmp_path):
     assert summary == {} and figures["calibrated_steps"] == 4 and figures["steps_accepting"] == 2
     assert figures["accepted_mean"] == pytest.approx(0.1875) and figures["accepted_max"] == 0.5
     assert figures["reward_first"] == pytest.approx(0.05) and figures["reward_last"] == pytest.approx(0.45)
+    assert figures["zero_variance_share"] == pytest.approx(0.125)
 
 
 def test_a_run_without_setgrpo_has_no_gate_figures_and_the_cli_prints_a_row(tmp_path, capsys):
@@ -43,3 +45,14 @@ def test_a_run_without_setgrpo_has_no_gate_figures_and_the_cli_prints_a_row(tmp_
     assert "0.400 -> 0.450" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         setgrpo_gate.main([str(tmp_path / "missing")])
+
+
+def test_grader_noise_orders_the_family_levels(capsys):
+    from lab.bench import grader_noise
+
+    assert grader_noise.main(["rubric_low", "rubric_high", "--draws", "300"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| rubric")]
+    low, high = (float(row.split("|")[4]) for row in rows)
+    assert 0 < low < high
+    with pytest.raises(SystemExit):
+        grader_noise.main(["default"])  # no source grader: named, not a traceback
