@@ -56,3 +56,13 @@ def test_grader_noise_orders_the_family_levels(capsys):
     assert 0 < low < high
     with pytest.raises(SystemExit):
         grader_noise.main(["default"])  # no source grader: named, not a traceback
+
+
+def test_grader_noise_tells_whether_setgrpo_sets_leave_the_origin_out():
+    from lab.bench import grader_noise
+
+    spec = {"name": "rubric_grader", "misjudge_rate": 0.05, "check_fraction": 0.85, "jitter_std": 0.02}
+    spread = grader_noise.anchor_share(spec, grader_noise.GROUPS["spread"], 0.82, 60, 0.5)
+    equal = grader_noise.anchor_share(spec, grader_noise.GROUPS["all equal"], 0.82, 60, 0.5)
+    assert equal < spread  # a real spread of scores is what lets the set leave the origin out
+    assert grader_noise.anchor_share(spec, grader_noise.GROUPS["spread"], 100.0, 20, 0.5) == 0.0  # a huge set holds it
