@@ -102,7 +102,7 @@ def testbed_digest(run: PlannedRun) -> str:
 def _testbed_digest(testbed: str) -> str:
     from rlvr_core.tasks.testbed import load_testbed
 
-    return hashlib.sha256(load_testbed(testbed).model_dump_json().encode()).hexdigest()
+    return hashlib.sha256(load_testbed(testbed).content_json().encode()).hexdigest()
 
 
 def same_inputs(record: dict[str, Any] | None, run: PlannedRun) -> bool:

@@ -282,3 +282,14 @@ def test_restore_counts_published_runs_as_done_and_runs_only_the_new_rows(tmp_pa
     with pytest.raises(ValueError, match="no 'runs' list"):
         (tmp_path / "bad.json").write_text("{}")
         restore_runs(tmp_path / "bad.json", runs, out)
+
+
+def test_a_testbed_keeps_the_digest_its_published_runs_carry():
+    """A field added to testbed entries later (rubric) leaves the digest of a testbed that does not
+    use it unchanged: the records in docs/results stay restorable (`bench --restore`)."""
+    from lab.bench.runner import _testbed_digest
+
+    records = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "target_difference.json")
+                         .read_text())["runs"]
+    published = {r["testbed_digest"] for r in records if r["testbed"] == "mislabelled_add"}
+    assert published == {_testbed_digest("mislabelled_add")}
