@@ -10,6 +10,7 @@ no SuperLink and no processes, so seconds instead of minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -61,17 +62,23 @@ def check_summary(summary: dict) -> None:
         assert isinstance(owner["last_accuracy"], float)  # a DP-noised release from that owner's node
 
 
-def test_the_deployment_server_app_trains_with_two_owners_on_an_in_process_grid(orgs, data_dir, tmp_path):  # noqa: F811
+@contextlib.contextmanager
+def two_owner_grid(organisations, heldout_dir, tmp_path, nodes=(11, 22)):
+    """Two in-process owners (stub scores 0.2 and 0.8) behind the deployment ClientApp, on `nodes`."""
     from flower_shim.app import make_client_app, settings_from_node_config
     from trainer_node.federation.loopback_grid import LoopbackGrid
 
-    ours, _ = orgs
-    with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
-            in_process_owner(owner_config(tmp_path / "b", data_dir, ours), tmp_path, StubScorer(0.8)) as b:
+    ours, _ = organisations
+    with in_process_owner(owner_config(tmp_path / "a", heldout_dir, ours), tmp_path, StubScorer(0.2)) as a, \
+            in_process_owner(owner_config(tmp_path / "b", heldout_dir, ours), tmp_path, StubScorer(0.8)) as b:
         sites = [OwnerSite(name, f"127.0.0.1:{owner.port}", ours.owner_ca_cert, ours.client_cert, ours.client_key)
                  for name, owner in zip(OWNERS, (a, b), strict=True)]
-        grid = LoopbackGrid(make_client_app(settings_from_node_config),
-                            {11: sites[0].node_config_values(), 22: sites[1].node_config_values()})
+        yield LoopbackGrid(make_client_app(settings_from_node_config),
+                           {node: site.node_config_values() for node, site in zip(nodes, sites, strict=True)})
+
+
+def test_the_deployment_server_app_trains_with_two_owners_on_an_in_process_grid(orgs, data_dir, tmp_path):  # noqa: F811
+    with two_owner_grid(orgs, data_dir, tmp_path) as grid:
         run_dir = tmp_path / "run"
         summary = run_deployment(grid, DeploymentOptions(
             train_config=train_config(tmp_path, run_dir), owners=OWNERS, owner_nodes={"owner0": 11, "owner1": 22},
@@ -133,16 +140,7 @@ def test_the_run_config_is_checked_naming_its_key(tmp_path):
 def test_an_owner_whose_node_is_missing_or_claims_another_pin_is_left_out_and_named(orgs, data_dir, tmp_path):  # noqa: F811
     """owner1's only node claims owner1 but owner-nodes pins owner1 to another id: not used; the run
     trains with owner0 and summary.json names owner1 lost at step 0."""
-    from flower_shim.app import make_client_app, settings_from_node_config
-    from trainer_node.federation.loopback_grid import LoopbackGrid
-
-    ours, _ = orgs
-    with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
-            in_process_owner(owner_config(tmp_path / "b", data_dir, ours), tmp_path, StubScorer(0.8)) as b:
-        sites = [OwnerSite(name, f"127.0.0.1:{owner.port}", ours.owner_ca_cert, ours.client_cert, ours.client_key)
-                 for name, owner in zip(OWNERS, (a, b), strict=True)]
-        grid = LoopbackGrid(make_client_app(settings_from_node_config),
-                            {11: sites[0].node_config_values(), 33: sites[1].node_config_values()})
+    with two_owner_grid(orgs, data_dir, tmp_path, nodes=(11, 33)) as grid:
         summary = run_deployment(grid, DeploymentOptions(
             train_config=train_config(tmp_path, tmp_path / "run", steps=1), owners=OWNERS,
             owner_nodes={"owner0": 11, "owner1": 22}, startup_timeout_s=1.0))
@@ -155,16 +153,7 @@ def test_the_deployment_selects_a_checkpoint_over_both_owners(orgs, data_dir, tm
     """[selection] over Flower (issue 44): each candidate goes to both owners, each owner makes one
     selection release at the end, and summary.json names the chosen step (and the final checkpoint
     when that is the one chosen)."""
-    from flower_shim.app import make_client_app, settings_from_node_config
-    from trainer_node.federation.loopback_grid import LoopbackGrid
-
-    ours, _ = orgs
-    with in_process_owner(owner_config(tmp_path / "a", data_dir, ours), tmp_path, StubScorer(0.2)) as a, \
-            in_process_owner(owner_config(tmp_path / "b", data_dir, ours), tmp_path, StubScorer(0.8)) as b:
-        sites = [OwnerSite(name, f"127.0.0.1:{owner.port}", ours.owner_ca_cert, ours.client_cert, ours.client_key)
-                 for name, owner in zip(OWNERS, (a, b), strict=True)]
-        grid = LoopbackGrid(make_client_app(settings_from_node_config),
-                            {11: sites[0].node_config_values(), 22: sites[1].node_config_values()})
+    with two_owner_grid(orgs, data_dir, tmp_path) as grid:
         config = train_config(tmp_path, tmp_path / "run")
         with config.open("a") as fh:
             fh.write("[selection]\nevery = 1\n")
