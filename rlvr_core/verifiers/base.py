@@ -101,8 +101,8 @@ def _import_builtin_verifiers() -> None:
     import rlvr_core.verifiers.exact_match  # registers "exact_match"
     import rlvr_core.verifiers.math_verify  # registers "math_verify"
     import rlvr_core.verifiers.noisy  # registers "noisy_flip", "stochastic_grader", "partial_checks"
-    import rlvr_core.verifiers.rubric  # registers "rubric" (exact) and "rubric_grader" (noisy)
-    import rlvr_core.verifiers.reasoning_gym  # noqa: F401  (registers "reasoning_gym")
+    import rlvr_core.verifiers.reasoning_gym  # registers "reasoning_gym"
+    import rlvr_core.verifiers.rubric  # noqa: F401  (registers "rubric" (exact) and "rubric_grader" (noisy))
 
 
 VERIFIERS: Registry[type[Verifier]] = Registry(
