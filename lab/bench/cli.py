@@ -31,6 +31,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "  trainer-node bench --spec my.toml --dry-run        # the plan, nothing run\n"
             "  trainer-node bench --profile full --list-runs > runs.txt   # for GNU parallel / Slurm / Ray\n"
             "  trainer-node bench --profile full --report-only    # gather records, write the report\n"
+            "  trainer-node bench --profile dataflex --seeds 0-5  # a long profile, six seeds at a time\n"
             "spec reference: lab/bench/profiles/full.toml"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,8 +55,38 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="first count the finished runs of a published results.json (docs/results/) as "
                              "done, where their config is the plan's: a profile that gained rows runs only those "
                              "(lab/bench/restore.py; restored runs carry no per-step metrics)")
+    parser.add_argument("--seeds", type=parse_seed_selection, metavar="LIST",
+                        help="only these of the spec's seeds, e.g. 0-5 or 0,3,7: a long profile in slices, seed by "
+                             "seed (each run keeps the full profile's config hash, so a later slice adds to the same "
+                             "OUT); with --report-only, a report over these seeds only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_bench)
+
+
+def parse_seed_selection(text: str) -> list[int]:
+    """'0-5' or '0,3,7' or '0-2,9' -> sorted distinct seeds (argparse names the flag on an error)."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a seed or a range like 0-5") from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"range {part.strip()!r} is empty; write it low-high")
+        seeds.update(range(first, last + 1))
+    return sorted(seeds)
+
+
+def select_seeds(spec: BenchSpec, seeds: list[int]) -> BenchSpec:
+    """The spec restricted to some of its seeds; an unknown seed fails naming --seeds and the spec's seeds."""
+    from lab.bench.spec import BenchSpecError
+
+    unknown = [seed for seed in seeds if seed not in spec.seeds]
+    if unknown:
+        raise BenchSpecError(f"--seeds: {', '.join(map(str, unknown))} not among the spec's seeds "
+                             f"({', '.join(map(str, spec.seeds))})")
+    return spec.model_copy(update={"seeds": [seed for seed in spec.seeds if seed in seeds]})
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -65,6 +96,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec) if args.spec else load_profile(args.profile)
     out = args.out or DEFAULT_OUT_ROOT / spec.name
+    if args.seeds is not None:
+        spec = select_seeds(spec, args.seeds)
     report_dir = out
     if args.control is not None and args.control != spec.control:
         labels = [m.label for m in spec.methods]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab.bench import add_bench_parser, runner
-from lab.bench.spec import parse_spec, plan_runs
+from lab.bench.spec import load_spec, parse_spec, plan_runs
 
 FAKE = Path(__file__).with_name("test_bench_fake_simulate.py")
 
@@ -130,6 +130,41 @@ def test_list_runs_then_external_execution_then_report_only(tmp_path, capsys):
     assert bench(["--spec", str(spec_file), "--out", str(out), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "3 done, 1 to run" in plan
+
+
+def test_seeds_run_a_profile_in_slices_that_add_to_one_out(tmp_path, capsys):
+    spec_file = write_two_method_spec(tmp_path)  # seeds 0 and 1
+    out = tmp_path / "out"
+    full_plan = {run.run_id: run.config_hash for run in plan_runs(load_spec(spec_file))}
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--seeds", "1", "--list-runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--seed 1 " in line for line in lines)  # every method, seed 1 only
+    for line in lines:
+        subprocess.run([sys.executable, str(FAKE), *shlex.split(line)[4:]], check=True)
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--seeds", "1", "--report-only"]) == 0
+    assert "2 of 2 runs have results" in capsys.readouterr().out
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--dry-run"]) == 0  # the slice counts for the whole
+    plan = capsys.readouterr().out
+    assert "2 done, 2 to run" in plan
+    for run_id, config_hash in full_plan.items():
+        assert f"{run_id}  hash {config_hash[:12]}" in plan
+
+
+@pytest.mark.parametrize("value, message", [("7", "--seeds: 7 not among the spec's seeds (0, 1)"),
+                                            ("a-b", "'a-b' is not a seed or a range like 0-5"),
+                                            ("3-1", "range '3-1' is empty")])
+def test_seeds_outside_the_spec_or_malformed_are_refused_naming_the_flag(value, message, tmp_path, capsys):
+    from lab.bench.spec import BenchSpecError
+
+    spec_file = write_two_method_spec(tmp_path)
+    try:
+        code = bench(["--spec", str(spec_file), "--out", str(tmp_path / "out"), "--seeds", value, "--dry-run"])
+    except (BenchSpecError, SystemExit) as error:
+        text = str(error) + capsys.readouterr().err
+    else:
+        text = f"exit {code}"
+    assert message in text
+    assert not (tmp_path / "out").exists()
 
 
 def test_report_only_refuses_a_run_dir_with_other_options(tmp_path):
