@@ -66,3 +66,22 @@ def test_grader_noise_tells_whether_setgrpo_sets_leave_the_origin_out():
     equal = grader_noise.anchor_share(spec, grader_noise.GROUPS["all equal"], 0.82, 60, 0.5)
     assert equal < spread  # a real spread of scores is what lets the set leave the origin out
     assert grader_noise.anchor_share(spec, grader_noise.GROUPS["spread"], 100.0, 20, 0.5) == 0.0  # a huge set holds it
+
+
+def test_grader_noise_gate_runs_setgrpo_on_synthetic_steps(capsys):
+    from lab.bench import grader_noise
+
+    spec = {"name": "rubric_grader", "misjudge_rate": 0.05, "check_fraction": 0.85, "jitter_std": 0.02}
+    options = grader_noise.profile_options("rubric_screen")
+    assert options["name"] == "setgrpo" and options["reference_draws"] == 4
+    wide = grader_noise.gate_run(spec, grader_noise.GATE_GROUPS["extremes"], options, steps=14)
+    flat = grader_noise.gate_run(spec, grader_noise.GATE_GROUPS["all equal"], options, steps=14)
+    assert wide["calibrated_steps"] > 0 and wide["accepted"] > 0.5  # a wide real spread opens the gate
+    assert flat["accepted"] == 0.0  # all-equal groups: the set holds the origin, nothing certified
+    assert grader_noise.main(["rubric_low", "--gate", "--patterns", "extremes", "--steps", "10", "--streams", "1",
+                              "--k", "16", "--shape", "sphere", "--floor", "0.1"]) == 0
+    assert "| rubric_low | extremes | 16 | sphere | 0.1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        grader_noise.main(["rubric", "--gate", "--k", "12"])
+    with pytest.raises(SystemExit):
+        grader_noise.main(["rubric", "--gate", "--floor", "0"])

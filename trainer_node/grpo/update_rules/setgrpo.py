@@ -84,6 +84,11 @@ class SetGrpoOptions(UpdateRuleOptions):
                                                "(the GRPO objective on the two draws, as before calibration: "
                                                "the seed keeps the original GRPO objective); 'skip', nothing "
                                                "(the group is not kept; a step with nothing accepted is skipped).")
+    zero_update_tol: float = Field(default=0.0, ge=0.0, lt=1.0, description="(c) a recovered update with "
+                                   "||a(eta*)||_2 <= this x ||m||_2 is no update (never accepted, not a risk "
+                                   "record), as an exact zero is. With a zero safe anchor the bisection can end "
+                                   "at a vanishing eta* (within its tolerance of 0), an update of ~1e-7 of m "
+                                   "that the exact test (0, the default) keeps as gateable (docs/SETGRPO.md, 'The gate question').")
     eps: float = Field(default=1e-6, gt=0.0, description="Added to each group's score std.")
     seed: int = Field(default=0, ge=0, description="Seeds the choice of held-back groups.")
 
@@ -231,7 +236,9 @@ class SetGrpo(CoefficientRule):
         # in the identity geometry the worst projection is 0 by construction
         # (a zero update is no update: never accepted, and never a record that cannot reverse)
         tolerance = 1e-9 * float(a_hat @ a_hat)  # the bisection's, in reward space
-        if not rec.feasible or float(rec.coefficients.abs().sum()) == 0 or reward_space < -tolerance:
+        size = float(rec.coefficients.norm())  # 0 iff the update is exactly zero (zero_update_tol = 0: that test only)
+        if (not rec.feasible or size == 0 or size <= self.options.zero_update_tol * float(a_hat.norm())
+                or reward_space < -tolerance):
             return rec, -math.inf
         # A feasible recovery has f(eta*) >= 0 up to the bisection's tolerance: rho >= 0 exactly, so
         # the grid's threshold 0 accepts every feasible group.
