@@ -100,6 +100,13 @@ _RESERVED_CONFIG_KEYS = ("seed", "size")
 _MAX_DRAWS_PER_EXAMPLE = 20
 _LABEL_PATTERN = r"^[A-Za-z0-9_\-]+$"  # no ":" (cluster_of joins domain and difficulty with it)
 
+# reasoning-gym generators whose rows depend on Python's per-process string-hash order (they iterate
+# sets of strings), so one seed builds other prompts in every process: no run on them reproduces, and
+# every run builds its own tiny policy. Found by generating every dataset under PYTHONHASHSEED 1 and 2
+# (reasoning-gym 0.1.x defaults); tests/rlvr_core/test_testbed_spec.py re-checks the list.
+HASH_ORDER_DEPENDENT_TASKS = frozenset({
+    "isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"})
+
 
 class TestbedError(ValueError):
     """A testbed file or spec is invalid; the message names the file and the field."""
@@ -214,6 +221,10 @@ class MixtureEntry(BaseModel):
         known = _reasoning_gym_datasets()
         if task not in known:
             raise ValueError(f"unknown reasoning-gym dataset {task!r}; known: {', '.join(sorted(known))}")
+        if task in HASH_ORDER_DEPENDENT_TASKS:
+            raise ValueError(f"reasoning-gym's {task!r} generator depends on Python's per-process hash order, "
+                             f"so the same seed gives other rows in every process and no run reproduces; "
+                             f"pick another task")
         return task
 
     @field_validator("config")

@@ -79,6 +79,40 @@ def test_unknown_task_names_the_field_path(tmp_path):
     assert "spell_backward" in message
 
 
+@pytest.mark.parametrize("task", sorted(tb.HASH_ORDER_DEPENDENT_TASKS))
+def test_a_task_whose_rows_depend_on_the_hash_order_is_refused_naming_the_field(tmp_path, task):
+    body = VALID.replace('[[target]]\ntask = "basic_arithmetic"', f'[[target]]\ntask = "{task}"')
+    message = _error(tmp_path, body)
+    assert f"target[0].task: reasoning-gym's {task!r} generator depends on Python's per-process hash order" in message
+
+
+_ROW_DIGESTS = """
+import hashlib, sys, reasoning_gym
+for name in sys.argv[1:]:
+    rows = "".join(str(x["question"]) + str(x["answer"]) for x in reasoning_gym.create_dataset(name, seed=5, size=20))
+    print(name, hashlib.sha256(rows.encode()).hexdigest())
+"""
+
+
+def test_the_refused_tasks_are_the_ones_whose_rows_change_with_the_hash_seed_and_builtins_do_not():
+    import os
+    import subprocess
+    import sys
+
+    builtins = [load_testbed(name) for name in tb.testbed_names()]
+    used = sorted({entry.task for spec in builtins for entry in (*spec.source, *spec.target)})
+    tasks = [*sorted(tb.HASH_ORDER_DEPENDENT_TASKS), *used]
+
+    def digests(hash_seed: str) -> dict[str, str]:
+        done = subprocess.run([sys.executable, "-c", _ROW_DIGESTS, *tasks], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed}, timeout=300, check=True)
+        return dict(line.split() for line in done.stdout.splitlines())
+
+    first, second = digests("1"), digests("2")
+    assert sorted(first) == sorted(tasks)
+    assert {task for task in tasks if first[task] != second[task]} == set(tb.HASH_ORDER_DEPENDENT_TASKS)
+
+
 def test_bad_config_key_names_the_entry(tmp_path):
     message = _error(tmp_path, VALID.replace("min_terms = 2, max_terms", "min_term = 2, max_terms", 1))
     assert "source[0].config: unknown config key(s) 'min_term' for 'basic_arithmetic'" in message
