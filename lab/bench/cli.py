@@ -59,6 +59,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="only these of the spec's seeds, e.g. 0-5 or 0,3,7: a long profile in slices, seed by "
                              "seed (each run keeps the full profile's config hash, so a later slice adds to the same "
                              "OUT); with --report-only, a report over these seeds only")
+    parser.add_argument("--methods", type=parse_labels, metavar="LABELS",
+                        help="only these method labels, comma-separated (the control must stay); like --seeds")
+    parser.add_argument("--testbeds", type=parse_labels, metavar="NAMES",
+                        help="only these of the spec's testbeds, comma-separated; like --seeds")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_bench)
 
@@ -78,15 +82,41 @@ def parse_seed_selection(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def select_seeds(spec: BenchSpec, seeds: list[int]) -> BenchSpec:
-    """The spec restricted to some of its seeds; an unknown seed fails naming --seeds and the spec's seeds."""
-    from lab.bench.spec import BenchSpecError
+def parse_labels(text: str) -> list[str]:
+    """'a,b' -> ['a', 'b'] (method labels or testbed names)."""
+    labels = [part.strip() for part in text.split(",") if part.strip()]
+    if not labels:
+        raise argparse.ArgumentTypeError("give at least one name, comma-separated")
+    return labels
 
-    unknown = [seed for seed in seeds if seed not in spec.seeds]
-    if unknown:
-        raise BenchSpecError(f"--seeds: {', '.join(map(str, unknown))} not among the spec's seeds "
-                             f"({', '.join(map(str, spec.seeds))})")
-    return spec.model_copy(update={"seeds": [seed for seed in spec.seeds if seed in seeds]})
+
+def select_slice(spec: BenchSpec, seeds: list[int] | None = None, methods: list[str] | None = None,
+                 testbeds: list[str] | None = None) -> BenchSpec:
+    """The spec restricted to some of its seeds, methods and testbeds; each run's config hash is unchanged.
+    A name the spec lacks fails naming the flag and what the spec has; the slice must keep the controls."""
+    from lab.bench.spec import BenchSpecError, parse_spec
+
+    update: dict[str, Any] = {}
+    for flag, chosen, have in (("--seeds", seeds, spec.seeds), ("--testbeds", testbeds, spec.testbeds),
+                               ("--methods", methods, [method.label for method in spec.methods])):
+        if chosen is None:
+            continue
+        unknown = [item for item in chosen if item not in have]
+        if unknown:
+            raise BenchSpecError(f"{flag}: {', '.join(map(str, unknown))} not among the spec's "
+                                 f"{flag.removeprefix('--')} ({', '.join(map(str, have))})")
+        update[flag.removeprefix("--")] = [item for item in have if item in chosen]
+    if "methods" in update:
+        controls = [spec.control, *spec.family_controls.values()]
+        missing = [label for label in dict.fromkeys(controls) if label not in update["methods"]]
+        if missing:
+            raise BenchSpecError(f"--methods: keep the control(s) {', '.join(missing)} (every row is paired "
+                                 f"against them), or name another with --control")
+        update["methods"] = [method for method in spec.methods if method.label in update["methods"]]
+    raw = {**spec.model_dump(exclude_unset=True), **{key: value for key, value in update.items() if key != "methods"}}
+    if "methods" in update:
+        raw["methods"] = [method.model_dump(exclude_unset=True) for method in update["methods"]]
+    return parse_spec(raw, source="(a slice of the spec)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -96,8 +126,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec) if args.spec else load_profile(args.profile)
     out = args.out or DEFAULT_OUT_ROOT / spec.name
-    if args.seeds is not None:
-        spec = select_seeds(spec, args.seeds)
     report_dir = out
     if args.control is not None and args.control != spec.control:
         labels = [m.label for m in spec.methods]
@@ -105,6 +133,8 @@ def run_bench(args: argparse.Namespace) -> int:
             raise BenchSpecError(f"--control: {args.control!r} is not a method label; labels: {', '.join(labels)}")
         spec = spec.model_copy(update={"control": args.control})
         report_dir = out / f"vs-{args.control}"
+    if (args.seeds, args.methods, args.testbeds) != (None, None, None):
+        spec = select_slice(spec, args.seeds, args.methods, args.testbeds)
     if args.workers is not None and args.workers < 1:
         raise BenchSpecError(f"--workers must be >= 1, got {args.workers}")
     workers = args.workers or spec.resolved_workers()

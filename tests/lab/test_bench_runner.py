@@ -149,16 +149,27 @@ def test_seeds_run_a_profile_in_slices_that_add_to_one_out(tmp_path, capsys):
     for run_id, config_hash in full_plan.items():
         assert f"{run_id}  hash {config_hash[:12]}" in plan
 
+    assert bench(["--spec", str(spec_file), "--out", str(out), "--methods", "l2rr", "--control", "l2rr",
+                  "--seeds", "0", "--dry-run"]) == 0  # a method slice, paired against another control
+    plan = capsys.readouterr().out
+    assert "1 runs (1 methods x 1 seeds x 1 testbeds)" in plan
+    assert f"default__l2rr__seed0  hash {full_plan['default__l2rr__seed0'][:12]}" in plan
 
-@pytest.mark.parametrize("value, message", [("7", "--seeds: 7 not among the spec's seeds (0, 1)"),
-                                            ("a-b", "'a-b' is not a seed or a range like 0-5"),
-                                            ("3-1", "range '3-1' is empty")])
-def test_seeds_outside_the_spec_or_malformed_are_refused_naming_the_flag(value, message, tmp_path, capsys):
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--seeds", "7", "--seeds: 7 not among the spec's seeds (0, 1)"),
+    ("--seeds", "a-b", "'a-b' is not a seed or a range like 0-5"),
+    ("--seeds", "3-1", "range '3-1' is empty"),
+    ("--methods", "l2r", "--methods: l2r not among the spec's methods (uniform, l2rr)"),
+    ("--methods", "l2rr", "--methods: keep the control(s) uniform"),
+    ("--testbeds", "small", "--testbeds: small not among the spec's testbeds (default)"),
+])
+def test_a_slice_outside_the_spec_or_malformed_is_refused_naming_the_flag(flag, value, message, tmp_path, capsys):
     from lab.bench.spec import BenchSpecError
 
     spec_file = write_two_method_spec(tmp_path)
     try:
-        code = bench(["--spec", str(spec_file), "--out", str(tmp_path / "out"), "--seeds", value, "--dry-run"])
+        code = bench(["--spec", str(spec_file), "--out", str(tmp_path / "out"), flag, value, "--dry-run"])
     except (BenchSpecError, SystemExit) as error:
         text = str(error) + capsys.readouterr().err
     else:
