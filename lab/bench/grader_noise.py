@@ -202,12 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| testbed | source grader | MAE at m = 0 1 2 3 4 5 | mean MAE | P(two draws differ) |")
     print("|---|---|---|---|---|")
     for name in args.testbeds:
-        try:
-            spec = load_testbed(name).source_grader
-        except TestbedError as error:
-            parser.error(str(error))
-        if spec is None:
-            parser.error(f"{name}: the testbed declares no source_grader (its rows' exact verifiers reward rollouts)")
+        spec = source_grader_or_exit(parser, name)
         mae, differ = noise(spec, args.draws)
         options = ", ".join(f"{k} {v}" for k, v in spec.items() if k != "name")
         print(f"| {name} | {spec['name']} ({options}) | {' '.join(f'{x:.3f}' for x in mae)} | {np.mean(mae):.3f} "
@@ -224,6 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             shares = [anchor_share(spec, met, args.quantile, args.groups, floor) for met in GROUPS.values()]
             print(f"| {name} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     return 0
+
+
+def source_grader_or_exit(parser: argparse.ArgumentParser, name: str) -> dict:
+    """The testbed's source grader spec; a bad testbed, or one without a noisy grader, ends the command."""
+    try:
+        spec = load_testbed(name).source_grader
+    except TestbedError as error:
+        parser.error(str(error))
+    if spec is None:
+        parser.error(f"{name}: the testbed declares no source_grader (its rows' exact verifiers reward rollouts)")
+    return spec
 
 
 def gate_table(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -258,12 +264,7 @@ def gate_table(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for name in args.testbeds:
-        try:
-            spec = load_testbed(name).source_grader
-        except TestbedError as error:
-            parser.error(str(error))
-        if spec is None:
-            parser.error(f"{name}: the testbed declares no source_grader")
+        spec = source_grader_or_exit(parser, name)
         for pattern, k, shape, floor, zero_tol in itertools.product(args.patterns, args.k, shapes, floors, zero_tols):
             options = {**base, "set_shape": shape, "disagreement_floor": floor, "zero_update_tol": zero_tol}
             runs = [gate_run(spec, GATE_GROUPS[pattern], options, k, args.steps, args.groups_per_step, stream, args.dim)
