@@ -11,6 +11,16 @@ training groups), the steps that accepted any group, the mean recovery ratio eta
 the share of training groups with a finite gate statistic (`gateable_ratio`), the last selected
 threshold and the running coverage of the set (docs/SETGRPO.md, "Diagnostics"). The seed's Figure 3
 is these figures over training; `--steps` prints them per step.
+
+    python -m lab.bench.setgrpo_gate OUT/runs/<testbed>/*/seed* --rows [--plot figure3.png]
+
+`--rows` groups the runs by row (the run directory's parent: the bench label) and prints, per row,
+the mean over its seeds of the figures above, then the seed's cost table (Table 6): seconds per
+training step, split into generation, grading (`time/reward`), the update and, inside it, SetGRPO's
+geometry pass (`setgrpo/jacobian_s`) and its calibration, recovery and gating (`setgrpo/recovery_s`),
+and the rollouts per step (held-back groups are generated and graded, so they count). `--plot`
+draws Figure 3: the accepted-group ratio and the recovery ratio per step, mean over seeds with a
+min-max band, one line per SetGRPO row.
 """
 
 from __future__ import annotations
@@ -59,6 +69,98 @@ def gate_figures(train: list[dict[str, Any]], window: int) -> dict[str, Any]:
     }
 
 
+COST_PHASES = ("time/generation", "time/reward", "time/update", "setgrpo/jacobian_s", "setgrpo/recovery_s")
+
+
+def step_seconds(record: dict[str, Any]) -> float:
+    """A training step's wall time: the sum of its phase clocks (SetGRPO's split is inside `update`)."""
+    return sum(v for k, v in record.items() if k.startswith("time/") and isinstance(v, (int, float)))
+
+
+def cost_figures(train: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean per training step: total seconds, each of COST_PHASES, and rollouts generated."""
+    figures = {"step_s": _mean([step_seconds(r) for r in train]),
+               "rollouts_step": _mean([r.get("rollouts_step", float("nan")) for r in train])}
+    for key in COST_PHASES:
+        figures[key] = _mean([r.get(key, float("nan")) for r in train])
+    return figures
+
+
+def per_step(train: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """step -> value of `key` on the calibrated steps (Figure 3's points)."""
+    return {r["step"]: r[key] for r in train if r.get("setgrpo/calibrated") == 1
+            and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
+
+
+def by_row(run_dirs: Sequence[Path]) -> dict[str, list[Path]]:
+    """Run directories grouped by row label (OUT/runs/<testbed>/<label>/seed<k>), in first-seen order."""
+    rows: dict[str, list[Path]] = {}
+    for run_dir in run_dirs:
+        rows.setdefault(run_dir.parent.name, []).append(run_dir)
+    return rows
+
+
+def row_summary(runs: Sequence[Path], window: int) -> dict[str, Any]:
+    """The mean over a row's seeds of gate_figures, cost_figures and the test score change."""
+    figures = []
+    for run_dir in runs:
+        train, summary = read_run(run_dir)
+        before, after = summary.get("target_accuracy_before"), summary.get("target_accuracy_after")
+        change = after - before if before is not None and after is not None else float("nan")
+        figures.append({**gate_figures(train, window), **cost_figures(train), "test_change": change})
+    keys = [k for k, v in figures[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {"seeds": len(figures), **{k: _mean([f[k] for f in figures if f[k] is not None]) for k in keys}}
+
+
+def plot_figure3(rows: dict[str, list[Path]], path: Path) -> Path | None:
+    """Accepted-group and recovery ratio per calibrated step, mean over seeds with a min-max band."""
+    curves = {}
+    for label, runs in rows.items():
+        trains = [read_run(run_dir)[0] for run_dir in runs]
+        series = {key: [per_step(train, key) for train in trains]
+                  for key in ("setgrpo/accepted_ratio", "setgrpo/recovery_mean")}
+        if any(series["setgrpo/accepted_ratio"]):
+            curves[label] = series
+    if not curves:
+        return None
+    from lab.bench.plots import _plt, _save
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in zip(axes, ("setgrpo/accepted_ratio", "setgrpo/recovery_mean"),
+                              ("accepted-group ratio", "recovery ratio eta* (mean over accepted groups)")):
+        for label, series in curves.items():
+            steps = sorted({s for seed in series[key] for s in seed})
+            values = [[seed[s] for seed in series[key] if s in seed] for s in steps]
+            ax.plot(steps, [sum(v) / len(v) for v in values], marker=".", label=f"{label} ({len(series[key])} seeds)")
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15)
+        ax.set_xlabel("training step (calibrated steps only)")
+        ax.set_title(title)
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def print_rows(rows: dict[str, list[Path]], window: int) -> None:
+    summaries = {label: row_summary(runs, window) for label, runs in rows.items()}
+    columns = ["row", "seeds", "test score change (pp)", "zero-variance groups", "calibrated steps", "accepted mean",
+               "steps accepting", "recovery mean", "gateable mean", "coverage (last)"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for label, f in summaries.items():
+        cells = [label, str(f["seeds"]), f"{100 * f['test_change']:+.2f}",
+                 *(_fmt(f[k]) for k in ("zero_variance_share", "calibrated_steps", "accepted_mean", "steps_accepting",
+                                        "recovery_mean", "gateable_mean", "coverage_last"))]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    columns = ["row", "s / step", "generation", "grading", "update", "  geometry", "  recovery + gate", "rollouts / step"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for label, f in summaries.items():
+        cells = [label, *(_fmt(f[k]) for k in ("step_s", *COST_PHASES)), _fmt(f["rollouts_step"])]
+        print("| " + " | ".join(cells) + " |")
+
+
 def _fmt(value: Any) -> str:
     if value is None:  # a threshold the gate never certified is logged as null
         return "none"
@@ -73,16 +175,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
     parser.add_argument("--window", type=int, default=5, help="steps averaged at each end for the reward (default 5)")
     parser.add_argument("--steps", action="store_true", help="also print SetGRPO's figures per calibrated step")
+    parser.add_argument("--rows", action="store_true",
+                        help="one line per row (the run directory's parent), mean over its seeds, and the cost table")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="draw Figure 3 (accepted and recovery ratio per step) here")
     args = parser.parse_args(argv)
     if args.window < 1:
         parser.error("--window: at least 1")
+    for run_dir in args.runs:
+        if not (run_dir / "metrics.jsonl").is_file():
+            parser.error(f"{run_dir}: no metrics.jsonl (pass a simulate run directory)")
+    if args.plot is not None:
+        drawn = plot_figure3(by_row(args.runs), args.plot)
+        print(f"Figure 3: {drawn}" if drawn else "--plot: no SetGRPO run among RUN_DIRs, nothing drawn")
+    if args.rows:
+        print_rows(by_row(args.runs), args.window)
+        return 0
     columns = ["run", "test acc before -> after", "reward first -> last", "zero-variance groups", "calibrated steps", "accepted mean",
                "accepted max", "steps accepting", "recovery mean", "gateable mean", "tau_sel (last)", "coverage (last)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for run_dir in args.runs:
-        if not (run_dir / "metrics.jsonl").is_file():
-            parser.error(f"{run_dir}: no metrics.jsonl (pass a simulate run directory)")
         train, summary = read_run(run_dir)
         f = gate_figures(train, args.window)
         before, after = summary.get("target_accuracy_before"), summary.get("target_accuracy_after")

@@ -85,3 +85,30 @@ def test_grader_noise_gate_runs_setgrpo_on_synthetic_steps(capsys):
         grader_noise.main(["rubric", "--gate", "--k", "12"])
     with pytest.raises(SystemExit):
         grader_noise.main(["rubric", "--gate", "--floor", "0"])
+
+
+def _seed_run(root, label, seed, accepted, before=0.5, after=0.6):
+    run = root / label / f"seed{seed}"
+    run.mkdir(parents=True)
+    records = [{"kind": "train", "step": step, "reward_mean": 0.5, "setgrpo/calibrated": int(step >= 1),
+                "setgrpo/accepted_ratio": accepted, "setgrpo/recovery_mean": 0.5, "rollouts_step": 16,
+                "time/generation": 1.0, "time/reward": 0.5, "time/update": 2.0, "setgrpo/jacobian_s": 0.25}
+               for step in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({"target_accuracy_before": before, "target_accuracy_after": after}))
+    return run
+
+
+def test_rows_average_over_seeds_with_the_cost_split_and_draw_figure3(tmp_path, capsys):
+    runs = [_seed_run(tmp_path, "setgrpo", 0, 0.2), _seed_run(tmp_path, "setgrpo", 1, 0.4, after=0.7),
+            _seed_run(tmp_path, "grpo", 0, float("nan"))]
+    rows = setgrpo_gate.by_row(runs)
+    assert list(rows) == ["setgrpo", "grpo"] and len(rows["setgrpo"]) == 2
+    summary = setgrpo_gate.row_summary(rows["setgrpo"], window=1)
+    assert summary["seeds"] == 2 and summary["accepted_mean"] == pytest.approx(0.3)
+    assert summary["test_change"] == pytest.approx(0.15) and summary["step_s"] == pytest.approx(3.5)  # phase clocks only
+    assert summary["setgrpo/jacobian_s"] == pytest.approx(0.25) and summary["rollouts_step"] == 16
+    plot = tmp_path / "figure3.png"
+    assert setgrpo_gate.main([*map(str, runs), "--rows", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert plot.stat().st_size > 0 and "| setgrpo | 2 | +15.00 |" in out and "| grpo | 1 |" in out
