@@ -3,7 +3,7 @@
 A bench spec (TOML; built-ins: `--profile quick`, `--profile full`) names methods, seeds,
 testbeds and a step count. The bench runs every (testbed, method, seed) as one
 `trainer-node simulate` subprocess and reports, per testbed, the paper's Table 1 (methods) and
-Table 2 (L2RR ablations): per-domain target test accuracy (mean ± sd), the domain-balanced
+Table 2 (ablations, each beside its full method): per-domain target test accuracy (mean ± sd), the domain-balanced
 average, # rollouts, RO ratio, and the paired difference to the control with a paired-t and
 a bootstrap 95% interval; plus the λ sweep (Figure 2), the sampler's share and waste per
 cluster (Figure 1) and accuracy vs cumulative rollouts. Definitions: stats.py.

@@ -311,7 +311,9 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     if ablations:
         ablated = {m["policy"] for m in ablations}  # the full method of an ablation runs the same policy
         full = [m for m in _methods(tb, "main") if m["policy"] in ablated]
-        lines += ["", "### Table 2: L2RR ablations", "", *_table_header(domains, control)]
+        # A coefficient rule's ablations (SetGRPO's) share the control's sampler: the control is not their full method.
+        full = [m for m in full if m["label"] != control] or full
+        lines += ["", "### Table 2: ablations (each beside its full method)", "", *_table_header(domains, control)]
         lines += [_table_row(m, domains, control, f"{m['label']} (full)", columns) for m in full]
         lines += [_table_row(m, domains, control, columns=columns) for m in ablations]
     diagnostics = _methods(tb, "diagnostic")

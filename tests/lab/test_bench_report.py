@@ -61,7 +61,7 @@ def test_table1_row_shows_the_numbers_of_the_records(bench_out):
 
 def test_tables_2_and_sweep_and_reach_are_present(bench_out):
     _, _, report, results = bench_out
-    assert "### Table 2: L2RR ablations" in report
+    assert "### Table 2: ablations (each beside its full method)" in report
     assert "| l2rr (full) |" in report and "| l2rr-no-waste |" in report
     table1 = report.split("### Table 1")[1].split("### Table 2")[0]
     assert "l2rr-no-waste" not in table1 and "l2rr-lambda1.0" not in table1
@@ -99,3 +99,14 @@ def test_failed_runs_are_listed_and_left_out_of_the_statistics(tmp_path):
     report = write_outputs(spec, records, tmp_path).read_text()
     assert "## Runs without results" in report and "| default__broken__seed0 | failed | exit code 3 |" in report
     assert row(report, "broken").endswith("| n/a | n/a | n/a | n/a | 0 |")
+
+
+def test_an_update_rule_ablation_is_shown_beside_its_method_not_beside_the_control(tmp_path):
+    # SetGRPO's rows all sample uniformly: the control (plain GRPO) shares their policy but is not their full method.
+    spec = parse_spec({"name": "rule-ablation", "seeds": [0, 1], "steps": 4, "methods": [
+        {"label": "uniform", "policy": "uniform"},
+        {"label": "rule", "policy": "uniform"},
+        {"label": "rule-no-part", "policy": "uniform", "group": "ablation"}]})
+    records, _ = run_fake_bench(spec, tmp_path)
+    table2 = write_outputs(spec, records, tmp_path).read_text().split("### Table 2")[1].split("###")[0]
+    assert "| rule (full) |" in table2 and "| rule-no-part |" in table2 and "uniform (full)" not in table2
