@@ -128,12 +128,12 @@ def plot_figure3(rows: dict[str, list[Path]], path: Path) -> Path | None:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, title in zip(axes, ("setgrpo/accepted_ratio", "setgrpo/recovery_mean"),
-                              ("accepted-group ratio", "recovery ratio eta* (mean over accepted groups)")):
+                              ("accepted-group ratio", "recovery ratio eta* (mean over the step's training groups)")):
         for label, series in curves.items():
             steps = sorted({s for seed in series[key] for s in seed})
             values = [[seed[s] for seed in series[key] if s in seed] for s in steps]
             ax.plot(steps, [sum(v) / len(v) for v in values], marker=".", label=f"{label} ({len(series[key])} seeds)")
-            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15)
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.08)
         ax.set_xlabel("training step (calibrated steps only)")
         ax.set_title(title)
         ax.set_ylim(0, 1.05)
