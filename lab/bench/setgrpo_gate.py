@@ -100,16 +100,28 @@ def by_row(run_dirs: Sequence[Path]) -> dict[str, list[Path]]:
     return rows
 
 
+def test_scores(summary: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(target test accuracy before, after) from summary.json; None where the run did not record it."""
+    return summary.get("target_accuracy_before"), summary.get("target_accuracy_after")
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+
+
 def row_summary(runs: Sequence[Path], window: int) -> dict[str, Any]:
     """The mean over a row's seeds of gate_figures, cost_figures and the test score change."""
     figures = []
     for run_dir in runs:
         train, summary = read_run(run_dir)
-        before, after = summary.get("target_accuracy_before"), summary.get("target_accuracy_after")
+        before, after = test_scores(summary)
         change = after - before if before is not None and after is not None else float("nan")
         figures.append({**gate_figures(train, window), **cost_figures(train), "test_change": change})
     keys = [k for k, v in figures[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return {"seeds": len(figures), **{k: _mean([f[k] for f in figures if f[k] is not None]) for k in keys}}
+    return {"seeds": len(figures), **{k: _mean([f[k] for f in figures]) for k in keys}}
 
 
 def plot_figure3(rows: dict[str, list[Path]], path: Path) -> Path | None:
@@ -143,22 +155,16 @@ def plot_figure3(rows: dict[str, list[Path]], path: Path) -> Path | None:
 
 def print_rows(rows: dict[str, list[Path]], window: int) -> None:
     summaries = {label: row_summary(runs, window) for label, runs in rows.items()}
-    columns = ["row", "seeds", "test score change (pp)", "zero-variance groups", "calibrated steps", "accepted mean",
-               "steps accepting", "recovery mean", "gateable mean", "coverage (last)"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for label, f in summaries.items():
-        cells = [label, str(f["seeds"]), f"{100 * f['test_change']:+.2f}",
-                 *(_fmt(f[k]) for k in ("zero_variance_share", "calibrated_steps", "accepted_mean", "steps_accepting",
-                                        "recovery_mean", "gateable_mean", "coverage_last"))]
-        print("| " + " | ".join(cells) + " |")
+    print_table(["row", "seeds", "test score change (pp)", "zero-variance groups", "calibrated steps", "accepted mean",
+                 "steps accepting", "recovery mean", "gateable mean", "coverage (last)"],
+                [[label, str(f["seeds"]), f"{100 * f['test_change']:+.2f}",
+                  *(_fmt(f[k]) for k in ("zero_variance_share", "calibrated_steps", "accepted_mean", "steps_accepting",
+                                         "recovery_mean", "gateable_mean", "coverage_last"))]
+                 for label, f in summaries.items()])
     print()
-    columns = ["row", "s / step", "generation", "grading", "update", "  geometry", "  recovery + gate", "rollouts / step"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for label, f in summaries.items():
-        cells = [label, *(_fmt(f[k]) for k in ("step_s", *COST_PHASES)), _fmt(f["rollouts_step"])]
-        print("| " + " | ".join(cells) + " |")
+    print_table(["row", "s / step", "generation", "grading", "update", "  geometry", "  recovery + gate", "rollouts / step"],
+                [[label, *(_fmt(f[k]) for k in ("step_s", *COST_PHASES)), _fmt(f["rollouts_step"])]
+                 for label, f in summaries.items()])
 
 
 def _fmt(value: Any) -> str:
@@ -197,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run_dir in args.runs:
         train, summary = read_run(run_dir)
         f = gate_figures(train, args.window)
-        before, after = summary.get("target_accuracy_before"), summary.get("target_accuracy_after")
+        before, after = test_scores(summary)
         accuracy = f"{before:.3f} -> {after:.3f}" if before is not None and after is not None else "—"
         cells = [str(run_dir), accuracy, f"{_fmt(f['reward_first'])} -> {_fmt(f['reward_last'])}",
                  *(_fmt(f[k]) for k in ("zero_variance_share", "calibrated_steps", "accepted_mean", "accepted_max", "steps_accepting",
