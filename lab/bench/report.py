@@ -187,6 +187,32 @@ def _benchmark_section(tb: dict[str, Any], control: str) -> list[str]:
     return lines
 
 
+def _learning_section(tb: dict[str, Any], control: str) -> list[str]:
+    """After - before per benchmark, for Table 1's methods: does the control learn in every domain?"""
+    rows = [m for m in _methods(tb, "main") if (m.get("learning") or {}).get("balanced", {}).get("seeds")]
+    if not any(m["label"] == control for m in rows):
+        return []
+    families = tb.get("benchmark_families") or {}
+    domains = sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
+    header = ["Method", "balanced", *domains]
+    lines = ["", ("### Does the control learn? Change after − before GRPO (pp, mean [95% CI (t)] over seeds, "
+             "each seed against its own start; * the interval excludes 0)"), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for m in rows:
+        change = m["learning"]
+        cells = [_change_cell(change["balanced"]), *(_change_cell(change["domains"].get(d)) for d in domains)]
+        lines.append("| " + " | ".join([m["label"], *cells]) + " |")
+    return lines + ["", ("A benchmark the control does not raise (its interval reaching 0 or below) cannot "
+                        "show a data policy's gain there.")]
+
+
+def _change_cell(change: dict[str, Any] | None) -> str:
+    if not change or not change.get("seeds"):
+        return "n/a"
+    mark = " *" if change["t"].get("excludes_zero") else ""
+    return f"{signed_pp(change['mean'])} {interval(change['t'])}{mark}"
+
+
 def _owner_section(tb: dict[str, Any]) -> list[str]:
     """Multi-owner runs (`owners = N`): each owner's own target test accuracy and epsilon spent, per
     method (mean ± sd over seeds), from each run's summary.json owners.<name>."""
@@ -306,6 +332,7 @@ def _testbed_section(key: str, tb: dict[str, Any], control: str, figures: dict[s
     lines += _family_section(tb, control)
     lines += _sensitivity_section(tb, control)
     lines += _benchmark_section(tb, control)
+    lines += _learning_section(tb, control)
     lines += _owner_section(tb)
     ablations = _methods(tb, "ablation")
     if ablations:

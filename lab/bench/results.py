@@ -337,6 +337,7 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             "per_seed_curves": {str(s): [list(p) for p in c] for s, c in curves.items()},
         }
         entry["ro_ratio_per_seed_mean"] = _finite(stats.mean_sd(list(entry["ro_ratio_per_seed"].values()))[0])
+        entry["learning"] = learning(spec, seeds, domains)
         if method.label != spec.control:
             paired, unpaired = same_start(seeds, control)
             mine, theirs = _on(seeds, paired), _on(control, paired)
@@ -385,6 +386,21 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             "benchmark_families": design.families, "grouped": design.grouped, "named_summaries": design.named,
             "control_final_balanced": _finite(control_final), "initial_balanced": _stat(before),
             "methods": methods, "evaluation_sensitivity": evaluation_sensitivity(methods, design.names())}
+
+
+def learning(spec: BenchSpec, seeds: dict[int, dict[str, Any]], domains: Sequence[str]) -> dict[str, Any]:
+    """Does this method raise each benchmark? The change after - before of every benchmark (and
+    of the domain-balanced score), paired on each seed's own start: issue 45's check that the
+    control learns in every domain before data policies are compared on a testbed."""
+    def changes(after: dict[int, float | None], before: dict[int, float | None]) -> dict[str, Any]:
+        mine = {s: a for s, a in after.items() if a is not None and before.get(s) is not None}
+        return _paired(spec, mine, {s: before[s] for s in mine})
+
+    balanced = changes({s: v["balanced"] for s, v in seeds.items()},
+                       {s: v["balanced_before"] for s, v in seeds.items()})
+    per_domain = {d: changes({s: v["domains"].get(d) for s, v in seeds.items()},
+                             {s: v["domains_before"].get(d) for s, v in seeds.items()}) for d in domains}
+    return {"balanced": balanced, "domains": {d: c for d, c in per_domain.items() if c["seeds"]}}
 
 
 def _area_by_seed(seeds: dict[int, dict[str, Any]]) -> dict[int, float]:

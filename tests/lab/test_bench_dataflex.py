@@ -184,3 +184,23 @@ def test_the_rank_correlation_ranks_only_methods_with_every_seed():
     heavy = result["summaries"]["math_heavy"]
     assert heavy["n_methods"] == 3 and heavy["rho_vs_domain_balanced"] == pytest.approx(0.5)
     assert heavy["best"] == "b"
+
+
+def test_the_learning_table_pairs_each_benchmark_after_with_its_own_seeds_start(bench):
+    """Issue 45's check: uniform's after - before per benchmark, paired per seed, with a t interval."""
+    _, records, report, results = bench
+    uniform = results["testbeds"]["dataflex"]["methods"]["uniform"]
+    runs = {r["seed"]: r["summary"] for r in records if r["label"] == "uniform"}
+    for benchmark in ("math_add", "text_count"):
+        change = uniform["learning"]["domains"][benchmark]
+        diffs = [runs[s]["target_domain_accuracy_after"][benchmark] - runs[s]["target_domain_accuracy_before"][benchmark]
+                 for s in sorted(runs)]
+        assert change["seeds"] == sorted(runs) and change["diffs"] == pytest.approx(diffs)
+        half = scipy_stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+        assert change["t"]["low"] == pytest.approx(np.mean(diffs) - half)
+    balanced = [domain_balanced(runs[s]["target_domain_accuracy_after"])
+                - domain_balanced(runs[s]["target_domain_accuracy_before"]) for s in sorted(runs)]
+    assert uniform["learning"]["balanced"]["diffs"] == pytest.approx(balanced)
+    table = report.split("### Does the control learn?")[1].split("\n\n")[1].splitlines()
+    assert table[0] == "| Method | balanced | " + " | ".join(sorted(FAMILIES, key=lambda b: (FAMILIES[b], b))) + " |"
+    assert {line.split(" | ")[0].lstrip("| ") for line in table[2:]} == {m["label"] for m in SPEC["methods"]}
