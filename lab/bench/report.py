@@ -196,7 +196,7 @@ def _learning_section(tb: dict[str, Any], control: str) -> list[str]:
     domains = sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
     header = ["Method", "balanced", *domains]
     lines = ["", ("### Does the control learn? Change after − before GRPO (pp, mean [95% CI (t)] over seeds, "
-             "each seed against its own start; * the interval excludes 0)"), "",
+             "each seed against its own start; * both the t and the bootstrap interval exclude 0)"), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for m in rows:
         change = m["learning"]
@@ -209,7 +209,8 @@ def _learning_section(tb: dict[str, Any], control: str) -> list[str]:
 def _change_cell(change: dict[str, Any] | None) -> str:
     if not change or not change.get("seeds"):
         return "n/a"
-    mark = " *" if change["t"].get("excludes_zero") else ""
+    # Equal changes on every seed give a zero-width interval: no evidence of a spread, so no star.
+    mark = " *" if change["excludes_zero"] and (change.get("sd") or 0) > 0 else ""
     return f"{signed_pp(change['mean'])} {interval(change['t'])}{mark}"
 
 

@@ -204,3 +204,12 @@ def test_the_learning_table_pairs_each_benchmark_after_with_its_own_seeds_start(
     table = report.split("### Does the control learn?")[1].split("\n\n")[1].splitlines()
     assert table[0] == "| Method | balanced | " + " | ".join(sorted(FAMILIES, key=lambda b: (FAMILIES[b], b))) + " |"
     assert {line.split(" | ")[0].lstrip("| ") for line in table[2:]} == {m["label"] for m in SPEC["methods"]}
+
+
+def test_a_change_equal_on_every_seed_is_not_starred_as_evidence():
+    from lab.bench.report import _change_cell
+
+    base = {"seeds": [0, 1], "mean": 0.05, "t": {"low": 0.05, "high": 0.05}, "excludes_zero": True}
+    assert _change_cell({**base, "sd": 0.0}) == "+5.00 [+5.00, +5.00]"
+    assert _change_cell({**base, "sd": 0.01, "t": {"low": 0.01, "high": 0.09}}) == "+5.00 [+1.00, +9.00] *"
+    assert _change_cell(None) == "n/a"
