@@ -57,7 +57,12 @@ def test_the_split_backward_trains_exactly_as_the_plain_one(model_dir):
         for _ in range(2):
             trainer.train_step()
     for (name, a), (_, b) in zip(plain.model.named_parameters(), split.model.named_parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6), name
+        # The two backwards sum in another order. Adam divides by sqrt(v), so on the few entries
+        # whose gradient is ~0 it scales that rounding up (to ~1e-5 on an AVX-512 CPU, 1-3 of 2048
+        # entries); a real difference in the update would move entries by ~lr (1e-2) everywhere.
+        diff = (a - b).abs()
+        assert diff.max() < 1e-4, name
+        assert int((diff > 1e-6).sum()) <= max(3, a.numel() // 200), name
     assert split.direction_clusters() == ["even", "odd"] and plain.direction_clusters() == []
 
 
