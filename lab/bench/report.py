@@ -174,11 +174,17 @@ def _sensitivity_section(tb: dict[str, Any], control: str) -> list[str]:
     return lines
 
 
+def _by_family(tb: dict[str, Any]) -> list[str]:
+    """The testbed's benchmarks, grouped by family (a benchmark without one is its own)."""
+    families = tb.get("benchmark_families") or {}
+    return sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
+
+
 def _benchmark_section(tb: dict[str, Any], control: str) -> list[str]:
     if not tb.get("grouped"):
         return []
     families = tb["benchmark_families"]
-    domains = sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
+    domains = _by_family(tb)
     header = ["Method", *(f"{d} ({families.get(d, d)})" for d in domains)]
     lines = ["", "### Per-benchmark accuracy (%, mean ± sd over seeds)", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -192,8 +198,7 @@ def _learning_section(tb: dict[str, Any], control: str) -> list[str]:
     rows = [m for m in _methods(tb, "main") if (m.get("learning") or {}).get("balanced", {}).get("seeds")]
     if not any(m["label"] == control for m in rows):
         return []
-    families = tb.get("benchmark_families") or {}
-    domains = sorted(tb["domains"], key=lambda d: (families.get(d, d), d))
+    domains = _by_family(tb)
     header = ["Method", "balanced", *domains]
     lines = ["", ("### Does the control learn? Change after − before GRPO (pp, mean [95% CI (t)] over seeds, "
              "each seed against its own start; * both the t and the bootstrap interval exclude 0)"), "",
