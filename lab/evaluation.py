@@ -11,14 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 from trainer_node.evaluation import flatten_accuracy, local_accuracy
 from trainer_node.feedback.context import OwnerClient, OwnerFeedback
 from trainer_node.training import TrainingSetup
 
+if TYPE_CHECKING:
+    from trainer_node.config import TrainConfig
+
 TEST_SEED = 20261130  # one decoding seed for every test-split evaluation by the owner
+
+
+def owner_test_decoding(config: TrainConfig) -> pb.DecodingSettings:
+    """How the simulated owner decodes the TEST split for the before/after accuracy: greedy by
+    default, or k samples at a temperature ([simulated_owner] test_samples_per_prompt, test_temperature)."""
+    owner = config.simulated_owner
+    return pb.DecodingSettings(max_new_tokens=config.rollout.max_new_tokens,
+                               samples_per_prompt=owner.test_samples_per_prompt,
+                               temperature=owner.test_temperature, seed=TEST_SEED)
 
 
 @dataclass
@@ -26,7 +38,8 @@ class OwnerTestEvaluation:
     client: OwnerClient
     feedback: OwnerFeedback
     """Uploads the live model (its checkpoint travels as any candidate does)."""
-    max_new_tokens: int
+    decoding: pb.DecodingSettings
+    """owner_test_decoding(config)."""
     health_check: Callable[[], None] | None = None
     """Runs first: the lab's check that the owner process is alive."""
 
@@ -35,7 +48,7 @@ class OwnerTestEvaluation:
         return self._measure(self.feedback.upload_current(label), "target_test")
 
     def evaluate_checkpoint(self, checkpoint_id: str, name: str) -> dict[str, Any]:
-        """Greedy test-split accuracy of an uploaded checkpoint (e.g. the selected one)."""
+        """Test-split accuracy of an uploaded checkpoint (e.g. the selected one)."""
         self._check()
         return self._measure(checkpoint_id, name)
 
@@ -44,9 +57,7 @@ class OwnerTestEvaluation:
             self.health_check()
 
     def _measure(self, checkpoint_id: str, name: str) -> dict[str, Any]:
-        decoding = pb.DecodingSettings(max_new_tokens=self.max_new_tokens, samples_per_prompt=1, temperature=0.0,
-                                       seed=TEST_SEED)
-        result = self.client.evaluate([checkpoint_id], decoding, split=pb.SPLIT_TEST).results[0]
+        result = self.client.evaluate([checkpoint_id], self.decoding, split=pb.SPLIT_TEST).results[0]
         return {"name": name, "accuracy": result.accuracy,
                 **{f"accuracy/{d}": a for d, a in sorted(result.domain_accuracy.items())}}
 

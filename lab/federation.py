@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.evaluation import owner_test_decoding
 from lab.owner_process import OwnerProcess, init_owner
 from lab.simulate import SimulateOptions, Simulation, prompt_width
 from rlvr_core.configuration import ConfigError
@@ -40,7 +41,6 @@ from trainer_node.run_output import RunOutput
 from trainer_node.training import build_training
 
 log = logging.getLogger("lab.federation")
-TEST_SEED = 20261130  # lab/evaluation.py's: one decoding seed for every test-split evaluation
 
 
 def owner_testbeds(spec: TestbedSpec, owners: int) -> list[TestbedSpec]:
@@ -189,7 +189,7 @@ class FederatedSimulation(Simulation):
                                   self.aggregation())
         if setup.policy.uses_target_feedback:
             setup.trainer.feedback = feedback
-        evaluation = PerOwnerTestEvaluation(feedback, cfg.rollout.max_new_tokens)
+        evaluation = PerOwnerTestEvaluation(feedback, owner_test_decoding(cfg))
         selector = (CheckpointSelector(feedback, cfg.selection.every, cfg.selection.max_candidates, cfg.run.steps)
                     if cfg.selection.every else None)  # over every owner, as the deployment's ServerApp does
         hook = StepCallbackHook(OwnerFeedbackHook(feedback, selector=selector),
@@ -296,7 +296,8 @@ class PerOwnerTestEvaluation:
     owner serves it); the record has accuracy/<owner> and the mean over the owners that answered."""
 
     feedback: MultiOwnerFeedback
-    max_new_tokens: int
+    decoding: Any
+    """lab.evaluation.owner_test_decoding(config): a DecodingSettings."""
     domains: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     """label -> owner -> {domain: accuracy}: each owner's per-domain test accuracy (its public
     test_domains), kept out of the eval record, whose accuracy/<key> entries are per owner."""
@@ -304,15 +305,13 @@ class PerOwnerTestEvaluation:
     def evaluate(self, label: str) -> dict[str, Any] | None:
         from protocol.generated.target_feedback.v1 import target_feedback_pb2 as pb
 
-        decoding = pb.DecodingSettings(max_new_tokens=self.max_new_tokens, samples_per_prompt=1, temperature=0.0,
-                                       seed=TEST_SEED)
         record: dict[str, Any] = {"name": "target_test"}
         for owner in self.feedback.owners:
             if not owner.live:
                 continue
             try:
                 checkpoint = owner.feedback.upload_current(label)
-                result = owner.feedback.client.evaluate([checkpoint], decoding, split=pb.SPLIT_TEST).results[0]
+                result = owner.feedback.client.evaluate([checkpoint], self.decoding, split=pb.SPLIT_TEST).results[0]
             except FeedbackError as error:
                 log.warning("owner %r did not measure %s: %s", owner.name, label, error)
                 continue

@@ -487,6 +487,29 @@ class SimulatedOwnerConfig(Section):
         "'secure': OS randomness, as a real owner draws it (every run then differs in its noise).",
     )
 
+    test_samples_per_prompt: int = Field(
+        default=1, ge=1, le=8,
+        description="Samples per TEST-split prompt the simulated owner decodes for the before/after accuracy "
+        "the summary reports (at most 8, the owner's default max_samples_per_prompt). 1 with test_temperature "
+        "0: greedy accuracy (the published results). k > 1 with test_temperature > 0: the mean accuracy of k "
+        "sampled answers per prompt (avg@k, as DAPO reports AIME), what GRPO's sampled reward optimises, "
+        "measured with less variance.",
+    )
+
+    test_temperature: float = Field(
+        default=0.0, ge=0,
+        description="Decoding temperature of those TEST-split evaluations (0 = greedy).",
+    )
+
+    @model_validator(mode="after")
+    def _test_decoding(self) -> SimulatedOwnerConfig:
+        if self.test_samples_per_prompt > 1 and self.test_temperature == 0:
+            raise ValueError(
+                f"test_samples_per_prompt = {self.test_samples_per_prompt} with test_temperature = 0 decodes "
+                "the same greedy answer k times; set test_temperature > 0 (e.g. 1.0) or test_samples_per_prompt = 1"
+            )
+        return self
+
     def process_options(self, run_seed: int) -> dict[str, Any]:
         """lab.owner_process.OwnerProcess's `nice`, `idle` and `noise_seed`, as this section sets them."""
         return {"nice": self.nice, "idle": self.scheduler == "idle",
