@@ -33,6 +33,24 @@ def owner_test_decoding(config: TrainConfig) -> pb.DecodingSettings:
                                temperature=owner.test_temperature, seed=TEST_SEED)
 
 
+def sampled_decoding_summary(config: TrainConfig) -> dict[str, Any]:
+    """The summary.json key naming a sampled test decoding ({} when greedy, the default), so a
+    reader of any simulation's summary knows whether its accuracy is greedy or avg@k."""
+    owner = config.simulated_owner
+    if owner.test_samples_per_prompt == 1 and owner.test_temperature == 0:
+        return {}
+    return {"target_test_decoding": {"samples_per_prompt": owner.test_samples_per_prompt,
+                                     "temperature": owner.test_temperature}}
+
+
+def sampled_decoding_words(summary: dict[str, Any]) -> str:
+    """'avg@4 at temperature 1, ' for a summary with a sampled test decoding; '' when greedy."""
+    decoding = summary.get("target_test_decoding")
+    if not decoding:
+        return ""
+    return f"avg@{decoding['samples_per_prompt']} at temperature {decoding['temperature']:g}, "
+
+
 @dataclass
 class OwnerTestEvaluation:
     client: OwnerClient

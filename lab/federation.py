@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.evaluation import owner_test_decoding
+from lab.evaluation import owner_test_decoding, sampled_decoding_summary, sampled_decoding_words
 from lab.owner_process import OwnerProcess, init_owner
 from lab.simulate import SimulateOptions, Simulation, prompt_width
 from rlvr_core.configuration import ConfigError
@@ -254,6 +254,7 @@ class FederatedSimulation(Simulation):
             **owners_summary,
             **result.feedback.summary,
             "wall_seconds": round(time.perf_counter() - started, 2),
+            **sampled_decoding_summary(cfg),
         }
         summary["feedback_queries"] = feedback.stats.queries
         if result.feedback.selection is not None:
@@ -331,7 +332,8 @@ def format_owners(s: dict[str, Any], run_dir: Path) -> str:
         before, after = owner.get("target_accuracy_before"), owner.get("target_accuracy_after")
         acc = " -> ".join("n/a" if value is None else f"{value:.3f}" for value in (before, after))
         lost = f"  LOST at step {owner['lost_step']}: {owner['lost_reason']}" if owner["lost_step"] is not None else ""
-        lines.append(f"  {name} ({', '.join(owner['target_domains'])}): test accuracy {acc}, epsilon "
+        lines.append(f"  {name} ({', '.join(owner['target_domains'])}): test accuracy {acc} "
+                     f"({sampled_decoding_words(s)}measured by its owner process), epsilon "
                      f"{owner['epsilon_spent']:.3f}, {owner['queries']} queries{lost}")
     lines += [f"  wall time              {s['wall_seconds']:.1f} s",
               f"  run directory          {run_dir}  (metrics.jsonl, summary.json)"]

@@ -25,7 +25,13 @@ from typing import Any
 
 from lab.base_rates import base_rates, uncommon_accuracy
 from lab.configs import simulate_defaults_path
-from lab.evaluation import OwnerTestEvaluation, domain_accuracy, owner_test_decoding
+from lab.evaluation import (
+    OwnerTestEvaluation,
+    domain_accuracy,
+    owner_test_decoding,
+    sampled_decoding_summary,
+    sampled_decoding_words,
+)
 from lab.owner_process import OwnerProcess, OwnerProcessError, init_owner, query_batch_size
 from lab.policies import fill_simulation_options
 from rlvr_core.configuration import load_toml
@@ -204,9 +210,7 @@ class Simulation:
         }
         if cfg.data.train_on_feedback_split:
             summary["diagnostic"] = TARGET_MIX
-        if cfg.simulated_owner.test_samples_per_prompt > 1 or cfg.simulated_owner.test_temperature > 0:
-            summary["target_test_decoding"] = {"samples_per_prompt": cfg.simulated_owner.test_samples_per_prompt,
-                                               "temperature": cfg.simulated_owner.test_temperature}
+        summary.update(sampled_decoding_summary(cfg))
         if cfg.simulated_owner.feedback_verifier is not None:  # the owner's test split stays exact
             summary["owner_feedback_verifier"] = cfg.simulated_owner.feedback_verifier
         rules = {seam: getattr(cfg.grpo, seam).name for seam in ("coefficients", "selection", "reweighting")
@@ -241,13 +245,6 @@ def prompt_width(tokenizer: Any, data: Any, template: str, multiple: int = 16) -
     return -(-longest // multiple) * multiple
 
 
-def _test_decoding_words(s: dict[str, Any]) -> str:
-    decoding = s.get("target_test_decoding")
-    if not decoding:
-        return ""  # greedy
-    return f"avg@{decoding['samples_per_prompt']} at temperature {decoding['temperature']:g}, "
-
-
 def format_summary(s: dict[str, Any], run_dir: Path) -> str:
     delta = s["target_accuracy_after"] - s["target_accuracy_before"]
     eps = (f"{s['epsilon_spent']:.3f} of {s['epsilon_budget']:.3f}" if s["dp_enabled"] else "DP off (exact releases)")
@@ -257,7 +254,7 @@ def format_summary(s: dict[str, Any], run_dir: Path) -> str:
          + "".join(f" + {seam} {name}" for seam, name in s.get("update_rules", {}).items())
          + f" on testbed {s['testbed']!r}, seed {s['seed']}, {s['steps']} steps"),
         (f"  target test accuracy   {s['target_accuracy_before']:.3f} -> {s['target_accuracy_after']:.3f}"
-         f"  ({delta:+.3f}, {_test_decoding_words(s)}measured by the owner process)"),
+         f"  ({delta:+.3f}, {sampled_decoding_words(s)}measured by the owner process)"),
         f"  rollouts spent         {s['rollouts']}",
     ]
     if "base_rates" in s:

@@ -81,3 +81,23 @@ def test_the_end_of_run_summary_names_a_sampled_test_decoding(tmp_path):
     assert "(+0.125, measured by the owner process)" in format_summary(summary, tmp_path)
     sampled = {**summary, "target_test_decoding": {"samples_per_prompt": 4, "temperature": 1.0}}
     assert "(+0.125, avg@4 at temperature 1, measured by the owner process)" in format_summary(sampled, tmp_path)
+
+
+def test_both_simulation_summaries_name_a_sampled_test_decoding():
+    from lab.evaluation import sampled_decoding_summary
+
+    assert sampled_decoding_summary(_config()) == {}  # greedy: summaries stay as published
+    assert sampled_decoding_summary(_config(test_samples_per_prompt=4, test_temperature=1.0)) == {
+        "target_test_decoding": {"samples_per_prompt": 4, "temperature": 1.0}}
+
+
+def test_the_federation_end_of_run_lines_name_a_sampled_test_decoding(tmp_path):
+    from lab.federation import format_owners
+
+    owner = {"target_accuracy_before": 0.5, "target_accuracy_after": 0.625, "target_domains": ["math"],
+             "epsilon_spent": 0.0, "queries": 3, "lost_step": None}
+    summary = {"method": "uniform", "num_owners": 1, "aggregation": "mean", "testbed": "small", "seed": 0,
+               "steps": 2, "owners": {"owner-0": owner}, "wall_seconds": 1.0}
+    assert "0.500 -> 0.625 (measured by its owner process)" in format_owners(summary, tmp_path)
+    sampled = {**summary, "target_test_decoding": {"samples_per_prompt": 4, "temperature": 1.0}}
+    assert "0.500 -> 0.625 (avg@4 at temperature 1, measured by its owner process)" in format_owners(sampled, tmp_path)
