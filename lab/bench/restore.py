@@ -67,7 +67,9 @@ def restore_runs(results_json: Path, runs: Sequence[PlannedRun], out: Path, writ
             run_dir = run.run_dir(out)
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / runner.SUMMARY_FILE).write_text(json.dumps(record["summary"], indent=2, sort_keys=True) + "\n")
+            # same_inputs held, so the testbed is the planned one: its data digest is this one's
             runner.write_record(out, run, {**record, "run_dir": str(run_dir),
+                                           "testbed_data_digest": runner.testbed_data_digest(run),
                                            "restored_from": str(results_json)})
             outcome.restored.append(run.run_id)
     return outcome

@@ -98,18 +98,29 @@ def testbed_digest(run: PlannedRun) -> str:
     return _testbed_digest(run.testbed)
 
 
+def testbed_data_digest(run: PlannedRun) -> str:
+    """sha256 of the testbed spec without its description (TestbedSpec.data_json)."""
+    return _testbed_digest(run.testbed, data_only=True)
+
+
 @functools.lru_cache(maxsize=64)  # one bench process plans and checks each run several times
-def _testbed_digest(testbed: str) -> str:
+def _testbed_digest(testbed: str, data_only: bool = False) -> str:
     from rlvr_core.tasks.testbed import load_testbed
 
-    return hashlib.sha256(load_testbed(testbed).content_json().encode()).hexdigest()
+    spec = load_testbed(testbed)
+    return hashlib.sha256((spec.data_json() if data_only else spec.content_json()).encode()).hexdigest()
 
 
 def same_inputs(record: dict[str, Any] | None, run: PlannedRun) -> bool:
-    """The record is of this planned run: same config hash and, where the record has one (records
-    before it was kept have none), the same testbed digest."""
-    return (record is not None and record.get("config_hash") == run.config_hash
-            and record.get("testbed_digest", testbed_digest(run)) == testbed_digest(run))
+    """The record is of this planned run: same config hash and the same testbed. The testbed is
+    compared by its data digest where the record has one (a reworded description is the same
+    testbed), else by its full digest (records kept before the data digest), else not at all
+    (records kept before any digest)."""
+    if record is None or record.get("config_hash") != run.config_hash:
+        return False
+    if "testbed_data_digest" in record:
+        return record["testbed_data_digest"] == testbed_data_digest(run)
+    return record.get("testbed_digest", testbed_digest(run)) == testbed_digest(run)
 
 
 def is_done(out: Path, run: PlannedRun) -> bool:
@@ -135,7 +146,8 @@ def base_record(run: PlannedRun, out: Path, commit: str) -> dict[str, Any]:
         "id": run.run_id, "testbed": run.testbed, "testbed_key": run.testbed_key, "label": run.label,
         "policy": run.policy, "options": run.config["policy"].get("options", {}), "seed": run.seed,
         "steps": run.steps, "no_dp": run.no_dp, "config_hash": run.config_hash, "git_commit": commit,
-        "testbed_digest": testbed_digest(run), "run_dir": str(run.run_dir(out)),
+        "testbed_digest": testbed_digest(run), "testbed_data_digest": testbed_data_digest(run),
+        "run_dir": str(run.run_dir(out)),
     }
 
 
@@ -315,7 +327,7 @@ def gather_records(runs: Sequence[PlannedRun], out: Path) -> list[dict[str, Any]
         record = load_record(out, run)
         if record is not None and record.get("config_hash") == run.config_hash and not same_inputs(record, run):
             records.append({**base_record(run, out, git_commit()), "status": "stale",
-                            "error": "the testbed changed since this run (testbed_digest differs)"})
+                            "error": "the testbed changed since this run (its testbed digest differs)"})
             continue
         own = record if same_inputs(record, run) else None
         if own is not None and own.get("status") == "ok":

@@ -269,6 +269,7 @@ class TestbedSpec(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     seed: int = Field(ge=0)
+    """Every generator's seed is derived from this one; the same spec gives the same data."""
     # Entry fields added after testbeds had published results, left out of `content_json` while
     # at their default: a testbed that does not use one keeps the digest its recorded runs carry.
     _LATER_ENTRY_FIELDS: ClassVar[dict[str, Any]] = {"rubric": None}
@@ -276,12 +277,20 @@ class TestbedSpec(BaseModel):
     def content_json(self) -> str:
         """The spec as JSON for digests (bench records, the build cache): every field, except entry
         fields added later while they hold their default."""
+        return self._json(exclude_description=False)
+
+    def data_json(self) -> str:
+        """content_json without the description: what makes the data and the model. A bench record
+        keeps its digest too, so rewording a testbed's description does not orphan its published runs."""
+        return self._json(exclude_description=True)
+
+    def _json(self, exclude_description: bool) -> str:
         unused = {name for name, default in self._LATER_ENTRY_FIELDS.items()
                   if all(getattr(entry, name) == default for entry in (*self.source, *self.target))}
-        if not unused:
-            return self.model_dump_json()
-        return self.model_dump_json(exclude={"source": {"__all__": unused}, "target": {"__all__": unused}})
-    """Every generator's seed is derived from this one; the same spec gives the same data."""
+        exclude: dict[str, Any] = {"description": True} if exclude_description else {}
+        if unused:
+            exclude.update(source={"__all__": unused}, target={"__all__": unused})
+        return self.model_dump_json(exclude=exclude or None)
     source: list[MixtureEntry] = Field(min_length=1)
     target: list[MixtureEntry] = Field(min_length=1)
     feedback_fraction: float = Field(gt=0.0, lt=1.0)

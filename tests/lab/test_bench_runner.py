@@ -1,6 +1,7 @@
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -288,6 +289,37 @@ def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tm
     assert len(fake.launched) == 1
 
 
+def test_a_reworded_testbed_description_keeps_its_runs_done(tmp_path):
+    """The record's data digest leaves the description out: rewording it re-runs nothing, where a
+    record with the full digest only (kept before the data digest) counts the edit as a change."""
+    from rlvr_core.tasks.testbed import TESTBED_DIR
+
+    testbed = tmp_path / "mine.toml"
+    testbed.write_text((TESTBED_DIR / "small.toml").read_text())
+
+    def spec():
+        return parse_spec({"name": "t", "seeds": [0], "steps": 6, "testbeds": [str(testbed)],
+                           "methods": [{"label": "uniform", "policy": "uniform"}]})
+
+    out = tmp_path / "out"
+    run_fake_bench(spec(), out)
+    [run] = plan_runs(spec())
+    record = json.loads(runner.record_path(out, run).read_text())
+    assert record["testbed_data_digest"] == runner.testbed_data_digest(run) != record["testbed_digest"]
+    text = testbed.read_text()
+    assert "description = " in text
+    testbed.write_text(text.replace('description = """', 'description = """Reworded. ', 1))
+    runner._testbed_digest.cache_clear()
+    assert runner.testbed_digest(run) != record["testbed_digest"]
+    assert runner.same_inputs(record, run) and runner.is_done(out, run)
+    fake = FakeSimulate()
+    runner.run_all(plan_runs(spec()), out, workers=1, command_builder=fake, progress=False)
+    assert fake.launched == []
+    older = {k: v for k, v in record.items() if k != "testbed_data_digest"}
+    assert not runner.same_inputs(older, run)
+    runner._testbed_digest.cache_clear()
+
+
 def test_records_from_before_the_testbed_digest_still_count(tmp_path):
     runs = plan_runs(make_spec())
     runner.run_all(runs, tmp_path, workers=1, command_builder=FakeSimulate(), progress=False)
@@ -321,6 +353,12 @@ def test_restore_counts_published_runs_as_done_and_runs_only_the_new_rows(tmp_pa
     assert outcome.other_inputs == ["default__uniform__seed0"] and outcome.not_published == 2
     record = json.loads(runner.record_path(out, runs[1]).read_text())
     assert record["restored_from"] == str(published) and record["run_dir"] == str(runs[1].run_dir(out))
+    del records[1]["testbed_data_digest"]  # published before the data digest: restoring verifies and adds it
+    published.write_text(json.dumps({"runs": records}))
+    shutil.rmtree(out)
+    restore_runs(published, runs, out)
+    assert json.loads(runner.record_path(out, runs[1]).read_text())["testbed_data_digest"] == \
+        runner.testbed_data_digest(runs[1])
     fake = FakeSimulate()
     runner.run_all(runs, out, workers=1, command_builder=fake, progress=False)
     assert sorted(fake.launched) == ["default__dapo__seed0", "default__dapo__seed1", "default__uniform__seed0"]
@@ -339,3 +377,14 @@ def test_a_testbed_keeps_the_digest_its_published_runs_carry():
                          .read_text())["runs"]
     published = {r["testbed_digest"] for r in records if r["testbed"] == "mislabelled_add"}
     assert published == {_testbed_digest("mislabelled_add")}
+
+
+def test_a_testbed_with_a_reworded_description_keeps_its_published_runs():
+    """dataflex_levels' description was reworded after docs/results/dataflex_levels_check.json ran:
+    the records' data digest (no description) is still the testbed's, so `--restore` takes them."""
+    from lab.bench.runner import _testbed_digest
+
+    records = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "dataflex_levels_check.json")
+                         .read_text())["runs"]
+    assert {r["testbed_data_digest"] for r in records} == {_testbed_digest("dataflex_levels", data_only=True)}
+    assert {r["testbed_digest"] for r in records} != {_testbed_digest("dataflex_levels")}
