@@ -265,16 +265,26 @@ def test_runs_are_stoppable_even_when_the_bench_was_started_ignoring_sigint(tmp_
         signal.signal(signal.SIGINT, previous)
 
 
-def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tmp_path):
-    """The config hash names the testbed; its digest in the record catches an edit of the file."""
+def _copy_of_small(tmp_path):
+    """A testbed file of one's own (the small testbed's content), for tests that edit it."""
     from rlvr_core.tasks.testbed import TESTBED_DIR
 
     testbed = tmp_path / "mine.toml"
     testbed.write_text((TESTBED_DIR / "small.toml").read_text())
+    return testbed
+
+
+def _one_run_spec(testbed):
+    return parse_spec({"name": "t", "seeds": [0], "steps": 6, "testbeds": [str(testbed)],
+                       "methods": [{"label": "uniform", "policy": "uniform"}]})
+
+
+def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tmp_path):
+    """The config hash names the testbed; its digest in the record catches an edit of the file."""
+    testbed = _copy_of_small(tmp_path)
 
     def spec():
-        return parse_spec({"name": "t", "seeds": [0], "steps": 6, "testbeds": [str(testbed)],
-                           "methods": [{"label": "uniform", "policy": "uniform"}]})
+        return _one_run_spec(testbed)
 
     out = tmp_path / "out"
     run_fake_bench(spec(), out)
@@ -292,14 +302,10 @@ def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tm
 def test_a_reworded_testbed_description_keeps_its_runs_done(tmp_path):
     """The record's data digest leaves the description out: rewording it re-runs nothing, where a
     record with the full digest only (kept before the data digest) counts the edit as a change."""
-    from rlvr_core.tasks.testbed import TESTBED_DIR
-
-    testbed = tmp_path / "mine.toml"
-    testbed.write_text((TESTBED_DIR / "small.toml").read_text())
+    testbed = _copy_of_small(tmp_path)
 
     def spec():
-        return parse_spec({"name": "t", "seeds": [0], "steps": 6, "testbeds": [str(testbed)],
-                           "methods": [{"label": "uniform", "policy": "uniform"}]})
+        return _one_run_spec(testbed)
 
     out = tmp_path / "out"
     run_fake_bench(spec(), out)
