@@ -282,20 +282,16 @@ def _one_run_spec(testbed):
 def test_an_edited_testbed_file_reruns_its_runs_and_its_old_records_are_stale(tmp_path):
     """The config hash names the testbed; its digest in the record catches an edit of the file."""
     testbed = _copy_of_small(tmp_path)
-
-    def spec():
-        return _one_run_spec(testbed)
-
     out = tmp_path / "out"
-    run_fake_bench(spec(), out)
+    run_fake_bench(_one_run_spec(testbed), out)
     runner._testbed_digest.cache_clear()
-    assert run_fake_bench(spec(), out)[1] != []  # unchanged: skipped
+    assert run_fake_bench(_one_run_spec(testbed), out)[1] != []  # unchanged: skipped
     testbed.write_text(testbed.read_text().replace("seed = ", "seed = 1", 1))
     runner._testbed_digest.cache_clear()
-    [stale] = runner.gather_records(plan_runs(spec()), out)
+    [stale] = runner.gather_records(plan_runs(_one_run_spec(testbed)), out)
     assert stale["status"] == "stale" and "testbed changed" in stale["error"]
     fake = FakeSimulate()
-    runner.run_all(plan_runs(spec()), out, workers=1, command_builder=fake, progress=False)
+    runner.run_all(plan_runs(_one_run_spec(testbed)), out, workers=1, command_builder=fake, progress=False)
     assert len(fake.launched) == 1
 
 
@@ -303,13 +299,9 @@ def test_a_reworded_testbed_description_keeps_its_runs_done(tmp_path):
     """The record's data digest leaves the description out: rewording it re-runs nothing, where a
     record with the full digest only (kept before the data digest) counts the edit as a change."""
     testbed = _copy_of_small(tmp_path)
-
-    def spec():
-        return _one_run_spec(testbed)
-
     out = tmp_path / "out"
-    run_fake_bench(spec(), out)
-    [run] = plan_runs(spec())
+    run_fake_bench(_one_run_spec(testbed), out)
+    [run] = plan_runs(_one_run_spec(testbed))
     record = json.loads(runner.record_path(out, run).read_text())
     assert record["testbed_data_digest"] == runner.testbed_data_digest(run) != record["testbed_digest"]
     text = testbed.read_text()
@@ -319,7 +311,7 @@ def test_a_reworded_testbed_description_keeps_its_runs_done(tmp_path):
     assert runner.testbed_digest(run) != record["testbed_digest"]
     assert runner.same_inputs(record, run) and runner.is_done(out, run)
     fake = FakeSimulate()
-    runner.run_all(plan_runs(spec()), out, workers=1, command_builder=fake, progress=False)
+    runner.run_all(plan_runs(_one_run_spec(testbed)), out, workers=1, command_builder=fake, progress=False)
     assert fake.launched == []
     older = {k: v for k, v in record.items() if k != "testbed_data_digest"}
     assert not runner.same_inputs(older, run)
