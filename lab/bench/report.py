@@ -24,6 +24,11 @@ points; seed s is the same initial policy and source order for every method, so 
 differences are paired. **95% CI (t)**: paired t interval; **95% CI (boot)**: percentile
 bootstrap of the mean difference (seeded, {resamples} resamples; with 3 seeds it has only 10
 distinct values). **CI excludes 0** is "yes" only when both intervals exclude 0.
+**p (Holm)** is the paired t test's two-sided p-value, Holm-adjusted over all of the testbed's
+comparisons with the control (and, in the family table, over those with a family control):
+claiming only the rows below 0.05 keeps the chance of any false claim among them at 5%. With
+many methods some unadjusted interval excludes 0 by chance (one in twenty at 95%), so a "yes"
+whose p (Holm) is not below 0.05 is not evidence of a difference.
 On a multi-domain testbed (target domains are benchmarks grouped into families) the domain
 columns are the families' mean accuracies and **Bal. avg** is the mean over families
 (DataFlex-RL's domain-balanced score); the per-benchmark table follows.
@@ -54,6 +59,13 @@ def interval(ci: dict[str, Any] | None) -> str:
     return f"[{signed_pp(ci['low'])}, {signed_pp(ci['high'])}]"
 
 
+def pvalue(delta: dict[str, Any] | None) -> str:
+    value = (delta or {}).get("p_holm")
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
 def count(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:,.0f}"
 
@@ -64,7 +76,7 @@ def ratio(value: float | None) -> str:
 
 def _table_header(domains: list[str], control: str) -> list[str]:
     columns = ["Method", *domains, "Bal. avg", "Acc.", "# Rollouts", "RO ratio", f"Δ vs {control} (pp)",
-               "95% CI (t)", "95% CI (boot)", "CI excludes 0", "Seeds"]
+               "95% CI (t)", "95% CI (boot)", "CI excludes 0", "p (Holm)", "Seeds"]
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
@@ -72,12 +84,9 @@ def _table_row(entry: dict[str, Any], domains: list[str], control: str, name: st
                columns: str = "domains") -> str:
     delta = entry.get("delta_vs_control")
     if entry["label"] == control:
-        delta_cells = ["(control)", "—", "—", "—"]
-    elif delta is None or not delta["seeds"]:
-        delta_cells = ["n/a", "n/a", "n/a", "n/a"]
+        delta_cells = ["(control)", "—", "—", "—", "—"]
     else:
-        delta_cells = [signed_pp(delta["mean"]), interval(delta["t"]), interval(delta["bootstrap"]),
-                       "yes" if delta["excludes_zero"] else "no"]
+        delta_cells = _delta_cells(delta)
     cells = [name or entry["label"], *(pct_pm(entry[columns].get(d, {})) for d in domains),
              pct_pm(entry["balanced"]), pct_pm(entry["accuracy"]), count(entry["rollouts"]["mean"]),
              ratio(entry["ro_ratio"]), *delta_cells, str(len(entry["seeds_ok"]))]
@@ -90,9 +99,9 @@ def _methods(tb: dict[str, Any], group: str) -> list[dict[str, Any]]:
 
 def _delta_cells(delta: dict[str, Any] | None) -> list[str]:
     if delta is None or not delta["seeds"]:
-        return ["n/a", "n/a", "n/a", "n/a"]
+        return ["n/a", "n/a", "n/a", "n/a", "n/a"]
     return [signed_pp(delta["mean"]), interval(delta["t"]), interval(delta["bootstrap"]),
-            "yes" if delta["excludes_zero"] else "no"]
+            "yes" if delta["excludes_zero"] else "no", pvalue(delta)]
 
 
 def _family_section(tb: dict[str, Any], control: str) -> list[str]:
@@ -106,8 +115,8 @@ def _family_section(tb: dict[str, Any], control: str) -> list[str]:
              (f"Paired over matched seeds, domain-balanced accuracy (pp). {control}: "
               f"{pct_pm(control_entry['balanced'])}%."), "",
              ("| Family | Method | Intervention | Bal. avg | "
-              f"Δ vs {control} (pp) | 95% CI (t) | 95% CI (boot) | CI excludes 0 | Δ vs family control (pp) | "
-              "95% CI (t) | Seeds |"), "|" + "---|" * 11]
+              f"Δ vs {control} (pp) | 95% CI (t) | 95% CI (boot) | CI excludes 0 | p (Holm) | "
+              "Δ vs family control (pp) | 95% CI (t) | p (Holm) | Seeds |"), "|" + "---|" * 13]
     for family in FAMILY_TITLES:
         for m in (r for r in rows if r["family"] == family):
             intervention = (f"selection = {_rule_name(m['selection'])}" if m.get("selection") is not None else "")
@@ -115,8 +124,9 @@ def _family_section(tb: dict[str, Any], control: str) -> list[str]:
                 intervention = ", ".join(x for x in (intervention, f"reweighting = {_rule_name(m['reweighting'])}") if x)
             intervention = intervention or f"policy = {m['policy']}"
             own = m.get("delta_vs_family_control")
-            own_cells = ([f"{signed_pp(own['mean'])} (vs {own['control']})", interval(own["t"])] if own and own["seeds"]
-                         else ["(family control)" if _is_family_control(tb, m) else "—", "—"])
+            own_cells = ([f"{signed_pp(own['mean'])} (vs {own['control']})", interval(own["t"]), pvalue(own)]
+                         if own and own["seeds"]
+                         else ["(family control)" if _is_family_control(tb, m) else "—", "—", "—"])
             lines.append(f"| {FAMILY_TITLES[family].split(' (')[0]} | {m['label']} | {intervention} | "
                          f"{pct_pm(m['balanced'])} | " + " | ".join(_delta_cells(m.get("delta_vs_control")))
                          + " | " + " | ".join(own_cells) + f" | {len(m['seeds_ok'])} |")

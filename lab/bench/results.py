@@ -260,6 +260,7 @@ def _paired(spec: BenchSpec, method: dict[int, float], control: dict[int, float]
     return {
         "seeds": seeds, "diffs": diffs.tolist(), "mean": _finite(t.mean), "t": t.to_json(), "bootstrap": boot.to_json(),
         "sd": _finite(stats.mean_sd(diffs)[1]),  # the seed noise left after pairing
+        "p_t": _finite(stats.paired_t_pvalue(diffs)),
         # "yes" only when both intervals exclude 0; with few seeds the bootstrap is the looser one.
         "excludes_zero": bool(t.excludes_zero and boot.excludes_zero),
     }
@@ -375,6 +376,7 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
         if dynamics is not None:
             entry["dynamics"] = dynamics
         methods[method.label] = entry
+    adjust_for_multiplicity(methods)
     before = [v["balanced_before"] for seeds in per_method.values() for v in seeds.values()
               if v["balanced_before"] is not None]
     rates = [v["commonest_answer_accuracy"] for seeds in per_method.values() for v in seeds.values()
@@ -386,6 +388,18 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
             "benchmark_families": design.families, "grouped": design.grouped, "named_summaries": design.named,
             "control_final_balanced": _finite(control_final), "initial_balanced": _stat(before),
             "methods": methods, "evaluation_sensitivity": evaluation_sensitivity(methods, design.names())}
+
+
+def adjust_for_multiplicity(methods: dict[str, dict[str, Any]]) -> None:
+    """Add `p_holm` to every headline comparison of one testbed: the Holm adjustment over all its
+    comparisons with the control, and separately over all comparisons with a family control. The
+    report's question is whether any method differs, and one interval in twenty excludes 0 by chance."""
+    for key in ("delta_vs_control", "delta_vs_family_control"):
+        deltas = {label: m[key] for label, m in methods.items() if m.get(key) and m[key]["seeds"]}
+        adjusted = stats.holm({label: d.get("p_t", math.nan) for label, d in deltas.items()})
+        for label, delta in deltas.items():
+            delta["p_holm"] = _finite(adjusted[label])
+            delta["holm_family_size"] = sum(1 for p in adjusted.values() if math.isfinite(p))
 
 
 def learning(spec: BenchSpec, seeds: dict[int, dict[str, Any]], domains: Sequence[str]) -> dict[str, Any]:

@@ -8,6 +8,12 @@ Definitions (also in the report):
 - bootstrap interval: percentile interval of the means of `resamples` resamples of d drawn
   with replacement from a seeded generator (n = 3 gives only 10 distinct means: read the t
   interval then).
+- paired t test: the two-sided p-value of t = mean(d) / (sd(d) / sqrt(n)) on n - 1 degrees of
+  freedom, the test the paired t interval inverts (p < 1 - c exactly when the interval excludes 0).
+- Holm adjustment: m p-values sorted ascending, p_(i) becomes max_{j<=i} min(1, (m - j + 1) p_(j)).
+  Claiming every comparison whose adjusted p is below alpha keeps the chance of any false claim
+  among the m at or below alpha (Holm 1979). A bench compares many methods with one control, and
+  at 95% one in twenty unadjusted intervals excludes 0 by chance alone.
 - domain-balanced accuracy: the mean over target domains of per-domain accuracy, so a large
   domain cannot hide a regression on a small one. On a multi-domain testbed whose target
   domains are benchmarks grouped into families (DataFlex-RL's math / logic / science), it is
@@ -106,6 +112,35 @@ def paired_differences(method: Mapping[int, float], control: Mapping[int, float]
     """Seeds present in both (sorted) and the differences method - control on them."""
     seeds = sorted(set(method) & set(control))
     return seeds, np.array([method[s] - control[s] for s in seeds], dtype=float)
+
+
+_NO_SPREAD = 1e-12  # accuracies are in [0, 1]: a spread this small is rounding
+
+
+def paired_t_pvalue(differences: Sequence[float]) -> float:
+    """Two-sided p-value of the one-sample t test that the mean of `differences` is 0 (NaN for
+    fewer than 2 values; with no spread, 1 for a zero mean and 0 otherwise, the limits of t)."""
+    array = _values(differences)
+    if array.size < 2:
+        return math.nan
+    if float(array.std(ddof=1)) < _NO_SPREAD:  # float noise of equal values, not a spread
+        return 1.0 if abs(float(array.mean())) < _NO_SPREAD else 0.0
+    return float(scipy_stats.ttest_1samp(array, 0.0).pvalue)
+
+
+def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values ({name: p}; NaN entries are left out
+    of the family and come back NaN). scipy ships only false-discovery-rate control
+    (stats.false_discovery_control); the family-wise error rate is what "is any method different
+    from the control" asks."""
+    finite = sorted((p, name) for name, p in pvalues.items() if p is not None and math.isfinite(p))
+    m = len(finite)
+    adjusted = {name: math.nan for name in pvalues}
+    running = 0.0
+    for rank, (p, name) in enumerate(finite):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[name] = running
+    return adjusted
 
 
 def domain_balanced(domain_accuracy: Mapping[str, float]) -> float:

@@ -55,7 +55,7 @@ def test_table1_row_shows_the_numbers_of_the_records(bench_out):
     rollouts = [r["summary"]["rollouts"] for r in records if r["label"] == "l2rr"]
     control_rollouts = [r["summary"]["rollouts"] for r in records if r["label"] == "uniform"]
     assert f"{np.mean(rollouts):,.0f}" in line and f"{np.mean(control_rollouts) / np.mean(rollouts):.2f}×" in line
-    assert line.rstrip(" |").endswith("yes | 3")  # the fake's L2RR bonus is far above its noise
+    assert " | yes | " in line and line.rstrip(" |").endswith(" | 3")  # the fake's L2RR bonus is far above its noise
     assert "(control)" in row(report, "uniform")
 
 
@@ -83,6 +83,29 @@ def test_results_json_holds_every_per_seed_record_and_the_statistics(bench_out):
     assert l2rr["ro_ratio"] == pytest.approx(64 / 40)
     assert l2rr["dynamics"]["steps"] == list(range(6)) and "add:medium" in l2rr["dynamics"]["q"]
     assert [p["step"] for p in l2rr["curve"]] == [0, 2, 4, 6]
+
+
+def test_p_holm_adjusts_over_every_comparison_with_the_control(bench_out):
+    _, records, report, results = bench_out
+    methods = results["testbeds"]["default"]["methods"]
+    control = balanced(records, "uniform")
+    raw = {}
+    for label in ("dapo", "l2rr", "l2rr-no-waste", "l2rr-lambda1.0"):  # every method but the control
+        mine = balanced(records, label)
+        raw[label] = scipy_stats.ttest_1samp([mine[s] - control[s] for s in (0, 1, 2)], 0.0).pvalue
+        assert methods[label]["delta_vs_control"]["p_t"] == pytest.approx(raw[label])
+    order = sorted(raw, key=raw.get)
+    by_hand, running = {}, 0.0
+    for rank, label in enumerate(order):  # Holm: (m - rank) * p, kept monotone, capped at 1
+        running = max(running, min(1.0, (len(order) - rank) * raw[label]))
+        by_hand[label] = running
+    for label, expected in by_hand.items():
+        delta = methods[label]["delta_vs_control"]
+        assert delta["p_holm"] == pytest.approx(expected) and delta["holm_family_size"] == 4
+    shown = by_hand["l2rr"]
+    assert (f" | {shown:.3f} | " if shown >= 0.001 else " | <0.001 | ") in row(report, "l2rr")
+    assert "p (Holm)" in report.split("### Table 1")[1].splitlines()[2]
+    assert "**p (Holm)**" in report
 
 
 def test_figures_are_written_and_linked(bench_out):

@@ -24,6 +24,27 @@ def test_t_interval_edge_cases():
     assert not stats.t_interval([-1, 1, -1, 1]).excludes_zero
 
 
+def test_paired_t_pvalue_is_the_test_the_interval_inverts():
+    # diffs 1..4: t = 2.5 / (1.291 / 2) = 3.873 on 3 degrees of freedom -> two-sided p = 0.0305
+    assert stats.paired_t_pvalue([1, 2, 3, 4]) == pytest.approx(0.0305, abs=1e-4)
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        sample = rng.normal(0.4, 1.0, size=int(rng.integers(3, 13)))
+        assert (stats.paired_t_pvalue(sample) < 0.05) == stats.t_interval(sample).excludes_zero
+    assert math.isnan(stats.paired_t_pvalue([0.3]))
+    assert stats.paired_t_pvalue([0.0, 0.0, 0.0]) == 1.0 and stats.paired_t_pvalue([0.2, 0.2]) == 0.0
+    assert stats.paired_t_pvalue([0.1 + 0.2, 0.3, 0.3]) == 0.0  # equal but for rounding: no spread
+
+
+def test_holm_matches_the_hand_computed_case():
+    # sorted 0.01 (a), 0.03 (c), 0.04 (b), m = 3: 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04)
+    adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
+    assert adjusted["b"] == pytest.approx(0.06) and math.isnan(adjusted["d"])  # NaN is outside the family
+    assert stats.holm({"x": 0.6, "y": 0.9}) == {"x": 1.0, "y": 1.0}  # capped at 1, never below an earlier one
+    assert stats.holm({}) == {}
+
+
 def test_bootstrap_roughly_agrees_with_t_on_a_normal_sample():
     sample = np.random.default_rng(7).normal(0.5, 1.0, size=40)
     t = stats.t_interval(sample)
