@@ -25,7 +25,7 @@ def test_the_tools_are_the_ones_documented():
     assert TOOLS == ["bench_cpu_share.py", "bench_engine.py", "bench_feedback.py", "bench_flower_bytes.py",
                      "bench_grpo_cpu.py", "bench_owner.py",
                      "bench_owner_beside.py", "bench_owner_scoring.py", "bench_tapped_update.py", "gen_protos.py",
-                     "summarize_runs.py"]
+                     "holm_published.py", "summarize_runs.py"]
 
 
 def test_no_tool_depends_on_the_test_suite():
@@ -68,6 +68,30 @@ def test_bench_grpo_cpu_runs_a_tiny_case(tmp_path):
     assert 0.0 <= report["test_accuracy_before"] <= 1.0 and set(report["per_domain_after"])
     evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     assert [e["step"] for e in evals] == [0, 1, 2]  # before, every step, after: the run loop's schedule
+
+
+def test_holm_published_adjusts_a_published_file_as_the_report_does():
+    from scipy import stats as scipy_stats
+
+    full = json.loads((ROOT / "docs/results/full.json").read_text())["testbeds"]["default"]["methods"]
+    raw = {label: scipy_stats.ttest_1samp(m["delta_vs_control"]["diffs"], 0.0).pvalue
+           for label, m in full.items() if m.get("delta_vs_control")}
+    first, second = sorted(raw, key=raw.get)[:2]  # Holm by hand: 7 p and 6 p, kept monotone
+    expected = max(7 * raw[first], 6 * raw[second])
+    result = run_tool("holm_published.py", "docs/results/full.json", "docs/results/mislabelled.json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = {(line.split(" | ")[0][2:], line.split(" | ")[2]): line for line in result.stdout.splitlines()
+            if line.startswith(("| full.json", "| mislabelled.json"))}
+    assert f" | {expected:.3f} | 7 | 12 |" in rows["full.json", f"{second} vs uniform"]
+    assert " | **0.043** | 11 | 12 |" in rows["mislabelled.json", "l2rr vs uniform"]  # L2RR on mislabelled survives the adjustment
+
+
+def test_holm_published_names_a_file_that_is_not_a_bench_result(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    result = run_tool("holm_published.py", str(other), "docs/results/full.json", timeout=120)
+    assert result.returncode == 2 and "other.json: not a bench results.json" in result.stderr
+    assert "`testbeds`" in result.stderr and "| full.json |" in result.stdout  # the others still print
 
 
 def test_summarize_runs_pairs_methods_over_seeds(tmp_path):
