@@ -4,8 +4,8 @@
 
 For each testbed of each bench results.json: every method's paired differences with the
 control (the per-seed `diffs` the file keeps), the paired t test's two-sided p-value, and that
-p Holm-adjusted over all of the file's comparisons with its control, the same numbers a fresh
-`trainer-node bench --report-only` prints in its "p (Holm)" column (lab/bench/stats.py).
+p Holm-adjusted over all of the file's comparisons with its control: the same function, and so
+the same numbers, as a fresh `trainer-node bench --report-only` prints in its "p (Holm)" column.
 
 Why it is here: files published before that column existed cannot always be re-reported, as
 `--restore` refuses records whose profile has changed since; their per-seed differences are
@@ -17,26 +17,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
-from lab.bench import stats
+from lab.bench.results import adjust_for_multiplicity
 
 
 def adjusted_rows(results: dict) -> list[dict]:
     """One row per (testbed, method) with a comparison to the control, smallest raw p first."""
     rows = []
     for key, testbed in results["testbeds"].items():
+        adjust_for_multiplicity(testbed["methods"])  # what the bench report does, from the kept diffs
         deltas = {label: m["delta_vs_control"] for label, m in testbed["methods"].items()
                   if m.get("delta_vs_control") and m["delta_vs_control"]["seeds"]}
-        raw = {label: stats.paired_t_pvalue(d["diffs"]) for label, d in deltas.items()}
-        holm = stats.holm(raw)
-        for label in sorted(deltas, key=lambda name: raw[name]):
-            d = deltas[label]
+        for label, d in sorted(deltas.items(), key=lambda item: _or_nan(item[1]["p_t"])):
             rows.append({"testbed": key, "method": label, "control": results["control"], "mean": d["mean"],
                          "low": d["t"]["low"], "high": d["t"]["high"], "n": len(d["diffs"]),
-                         "p": raw[label], "p_holm": holm[label], "family_size": len(deltas)})
+                         "p": _or_nan(d["p_t"]), "p_holm": _or_nan(d["p_holm"]), "family_size": d["holm_family_size"]})
     return rows
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value  # None: a comparison over fewer than 2 seeds
 
 
 def _pp(value: float | None) -> str:

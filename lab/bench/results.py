@@ -260,7 +260,6 @@ def _paired(spec: BenchSpec, method: dict[int, float], control: dict[int, float]
     return {
         "seeds": seeds, "diffs": diffs.tolist(), "mean": _finite(t.mean), "t": t.to_json(), "bootstrap": boot.to_json(),
         "sd": _finite(stats.mean_sd(diffs)[1]),  # the seed noise left after pairing
-        "p_t": _finite(stats.paired_t_pvalue(diffs)),
         # "yes" only when both intervals exclude 0; with few seeds the bootstrap is the looser one.
         "excludes_zero": bool(t.excludes_zero and boot.excludes_zero),
     }
@@ -391,14 +390,17 @@ def _testbed_results(spec: BenchSpec, testbed: str, ok: list[dict[str, Any]], ru
 
 
 def adjust_for_multiplicity(methods: dict[str, dict[str, Any]]) -> None:
-    """Add `p_holm` to every headline comparison of one testbed: the Holm adjustment over all its
-    comparisons with the control, and separately over all comparisons with a family control. The
-    report's question is whether any method differs, and one interval in twenty excludes 0 by chance."""
+    """Add `p_t` (the paired t test's p, from the comparison's `diffs`) and `p_holm` to every
+    headline comparison of one testbed: Holm over all its comparisons with the control, and
+    separately over all comparisons with a family control. The report's question is whether any
+    method differs, and one interval in twenty excludes 0 by chance. Works on a published
+    results.json's methods too (tools/holm_published.py), as it reads only the kept diffs."""
     for key in ("delta_vs_control", "delta_vs_family_control"):
         deltas = {label: m[key] for label, m in methods.items() if m.get(key) and m[key]["seeds"]}
-        adjusted = stats.holm({label: d.get("p_t", math.nan) for label, d in deltas.items()})
+        raw = {label: stats.paired_t_pvalue(d["diffs"]) for label, d in deltas.items()}
+        adjusted = stats.holm(raw)
         for label, delta in deltas.items():
-            delta["p_holm"] = _finite(adjusted[label])
+            delta["p_t"], delta["p_holm"] = _finite(raw[label]), _finite(adjusted[label])
             delta["holm_family_size"] = sum(1 for p in adjusted.values() if math.isfinite(p))
 
 
