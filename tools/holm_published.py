@@ -55,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     skipped = 0
     for path in args.results:
-        results = json.loads(path.read_text())
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            print(f"{path}: cannot be read as JSON ({error}); skipped", file=sys.stderr)
+            skipped += 1
+            continue
         if not isinstance(results, dict) or "testbeds" not in results or "control" not in results:
             print(f"{path}: not a bench results.json (it has no `testbeds` and `control` fields); skipped",
                   file=sys.stderr)

@@ -93,6 +93,11 @@ def test_holm_published_names_a_file_that_is_not_a_bench_result(tmp_path):
     assert result.returncode == 0 and "other.json: not a bench results.json" in result.stderr
     assert "`testbeds`" in result.stderr and "| full.json |" in result.stdout  # the others still print
     assert run_tool("holm_published.py", str(other), timeout=120).returncode == 2  # nothing it could read
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    result = run_tool("holm_published.py", str(broken), str(tmp_path / "absent.json"), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "broken.json: cannot be read as JSON" in result.stderr and "absent.json: cannot be read" in result.stderr
 
 
 def test_summarize_runs_pairs_methods_over_seeds(tmp_path):
